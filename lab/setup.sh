@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# FabricLab set-up: the one entry point used by `make setup`, `make demo`, `make test`,
+# CI and the Vagrant provisioner. Idempotent: every step checks before it acts.
+#
+# Why a shell script: it has to run before any Python dependency exists, on a bare
+# Debian 12 machine (CI, a kernel without modules) and in a full-kernel VM (Vagrant).
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${VENV:-$REPO/.venv}"
+RYU_VENV="${RYU_VENV:-$REPO/.venv-ryu}"
+SYS_PY=/usr/bin/python3          # Debian's Python: Mininet from apt is built for it
+APT_PKGS=(mininet openvswitch-switch iperf3 python3-venv python3-pip iproute2 ethtool
+          tcpdump nftables procps)
+
+say() { printf '[setup] %s\n' "$*"; }
+
+if [ "$(id -u)" != 0 ]; then
+    echo "setup: must run as root (try: sudo make setup)" >&2
+    exit 2
+fi
+
+kernel_has_ovs() {
+    # Built in, already loaded, or loadable: the kernel datapath can be used.
+    [ -d /sys/module/openvswitch ] && return 0
+    [ -e /proc/modules ] && modprobe -q openvswitch 2>/dev/null && return 0
+    return 1
+}
+
+# --- 1. Debian packages --------------------------------------------------------------------
+missing=()
+for p in "${APT_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    say "installing: ${missing[*]}"
+    our_policy=""
+    if ! kernel_has_ovs && [ ! -e /usr/sbin/policy-rc.d ]; then
+        # No OVS kernel module: stop the package's init script from trying to load it.
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+        chmod +x /usr/sbin/policy-rc.d
+        our_policy=1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+    [ -n "$our_policy" ] && rm -f /usr/sbin/policy-rc.d
+else
+    say "Debian packages present"
+fi
+
+# --- 2. TCP congestion controls usable inside namespaces -----------------------------------
+allowed=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)
+avail=$(cat /proc/sys/net/ipv4/tcp_available_congestion_control)
+want="$allowed"
+for cc in $avail; do
+    case " $want " in *" $cc "*) ;; *) want="$want $cc" ;; esac
+done
+if [ "$want" != "$allowed" ]; then
+    say "allowing congestion controls in namespaces: $want"
+    sysctl -q -w net.ipv4.tcp_allowed_congestion_control="$want"
+fi
+
+# --- 3. Open vSwitch, as this kernel allows ------------------------------------------------
+"$SYS_PY" "$REPO/lab/ovs_service.py" ensure
+
+# --- 4. Python environments ----------------------------------------------------------------
+# Main venv: Debian's Python with its site packages (Mininet), os-ken as the controller runtime.
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    "$SYS_PY" -m venv --system-site-packages "$VENV"
+fi
+stamp="$VENV/.fabriclab-deps"
+deps_hash=$(sha256sum "$REPO/setup.py" | cut -c1-16)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$deps_hash" ] \
+        || ! "$VENV/bin/python" -c 'import lab, controllers' 2>/dev/null; then
+    say "installing FabricLab and its Python dependencies into $VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -e "$REPO[dev]"
+    echo "$deps_hash" > "$stamp"
+else
+    say "Python dependencies present in $VENV"
+fi
+
+# Second venv: Ryu 4.34, which needs old setuptools and an eventlet that runs on 3.11.
+if [ "${FABRICLAB_SKIP_RYU:-0}" != 1 ]; then
+    if [ ! -x "$RYU_VENV/bin/python" ] || ! "$RYU_VENV/bin/python" -c 'import ryu' 2>/dev/null; then
+        say "creating $RYU_VENV with Ryu 4.34"
+        "$SYS_PY" -m venv "$RYU_VENV"
+        "$RYU_VENV/bin/pip" install -q --disable-pip-version-check 'setuptools<68' wheel pbr
+        "$RYU_VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
+            ryu==4.34 eventlet==0.33.3 dnspython==2.2.1
+    else
+        say "Ryu 4.34 present in $RYU_VENV"
+    fi
+fi
+
+# --- 5. `fabriclab` on PATH for root and every user -----------------------------------------
+ln -sfn "$VENV/bin/fabriclab" /usr/local/bin/fabriclab
+say "ready: $(command -v fabriclab)"

@@ -1,0 +1,19 @@
+"""FabricLab: a packet-level emulated network lab for why GPUs and live streams wait."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="fabriclab",
+    version="0.1.0",
+    description="Emulated leaf-spine/fat-tree fabrics on Mininet + OVS with a Ryu-API "
+                "ECMP controller, to reproduce network-induced stalls with real packets",
+    python_requires=">=3.11",
+    packages=find_packages(include=["lab", "lab.*", "controllers", "controllers.*"]),
+    package_data={"lab": ["setup.sh"]},
+    install_requires=[
+        "os-ken>=4.2",      # maintained Ryu fork; Ryu 4.34 lives in its own venv (lab/setup.sh)
+        "PyYAML>=6.0",
+    ],
+    extras_require={"dev": ["pytest>=8", "ruff>=0.6"]},
+    entry_points={"console_scripts": ["fabriclab = lab.cli:main"]},
+)
