@@ -7,6 +7,9 @@
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# Site settings (the Vagrant provisioner keeps the venvs off the synced folder this way).
+# shellcheck disable=SC1091
+[ -r /etc/fabriclab/env ] && . /etc/fabriclab/env
 VENV="${VENV:-$REPO/.venv}"
 RYU_VENV="${RYU_VENV:-$REPO/.venv-ryu}"
 SYS_PY=/usr/bin/python3          # Debian's Python: Mininet from apt is built for it
@@ -92,6 +95,9 @@ if [ "${FABRICLAB_SKIP_RYU:-0}" != 1 ]; then
         say "Ryu 4.34 present in $RYU_VENV"
     fi
 fi
+
+# The lab finds the Ryu interpreter through this file, wherever the venvs live.
+echo "$RYU_VENV/bin/python" > "$VENV/fabriclab-ryu-python"
 
 # --- 5. `fabriclab` on PATH for root and every user -----------------------------------------
 ln -sfn "$VENV/bin/fabriclab" /usr/local/bin/fabriclab

@@ -1,0 +1,161 @@
+"""What this kernel and machine offer, and which mechanism the lab picks for each job.
+
+The CI machine has no kernel modules (userspace OVS, no netem/RED/DCTCP); the Vagrant VM has a
+full kernel. Rather than assume either, the lab probes once per run and records the choice
+in every result, so a number is never read without knowing what produced it.
+
+Qdisc probes run in a throwaway network namespace (``unshare -n``) so they touch nothing of
+the machine's.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lab import ovs_service
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUNTIMES = ("os-ken", "ryu")
+
+
+def _run_ok(cmd: list[str], timeout: float = 5.0) -> bool:
+    try:
+        return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=timeout).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def qdisc_available(kind_args: str) -> bool:
+    """Can this kernel attach qdisc ``kind_args`` (e.g. ``netem delay 1ms``)?"""
+    if not shutil.which("unshare") or not shutil.which("tc"):
+        return False
+    return _run_ok(["unshare", "-n", "sh", "-c", f"tc qdisc add dev lo root {kind_args}"])
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def ryu_python() -> str:
+    """The interpreter that has Ryu 4.34 (its own venv: its pins conflict with os-ken's)."""
+    if os.environ.get("FABRICLAB_RYU_PYTHON"):
+        return os.environ["FABRICLAB_RYU_PYTHON"]
+    pointer = Path(sys.prefix) / "fabriclab-ryu-python"   # written by lab/setup.sh
+    if pointer.is_file():
+        return pointer.read_text().strip()
+    return str(REPO_ROOT / ".venv-ryu" / "bin" / "python")
+
+
+def runtime_python(runtime: str) -> str:
+    return sys.executable if runtime == "os-ken" else ryu_python()
+
+
+def runtime_version(runtime: str) -> str | None:
+    """Version of an installed controller runtime, or None when it is not installed."""
+    if runtime == "os-ken":
+        if importlib.util.find_spec("os_ken") is None:
+            return None
+        return importlib.metadata.version("os-ken")
+    py = ryu_python()
+    if not os.access(py, os.X_OK):
+        return None
+    try:
+        out = subprocess.run([py, "-c", "import ryu; print(ryu.__version__)"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@dataclass
+class Environment:
+    """The machine facts a result depends on, and the mechanisms chosen from them."""
+
+    kernel: str
+    datapath: str                      # "kernel" | "user"
+    userspace_tso: bool
+    netem: bool
+    red: bool
+    ecn: str                           # "red" | "tc-bpf" | "nftables" | "none"
+    delay: str                         # "netem" | "none"
+    congestion_controls: list[str]
+    dctcp: bool
+    runtimes: dict[str, str | None] = field(default_factory=dict)
+    controller: str = ""               # runtime picked for this run, e.g. "os-ken 4.2.2"
+    notes: list[str] = field(default_factory=list)
+
+    def as_result(self) -> dict[str, object]:
+        """The ``environment`` block of result.json."""
+        return {"datapath": self.datapath, "ecn": self.ecn, "delay": self.delay,
+                "controller": self.controller, "kernel": self.kernel,
+                "userspace_tso": self.userspace_tso,
+                "congestion_controls": self.congestion_controls}
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def pick_runtime(runtimes: dict[str, str | None], wanted: str | None) -> str:
+    """The runtime to use: the one asked for, else os-ken (maintained), else Ryu."""
+    from lab.errors import MachineError
+    if wanted:
+        if wanted not in RUNTIMES:
+            raise MachineError("controller", f"unknown controller runtime {wanted!r} "
+                               f"(known: {', '.join(RUNTIMES)})")
+        if not runtimes.get(wanted):
+            raise MachineError("controller", f"{wanted} is not installed (run: make setup)")
+        return wanted
+    for name in RUNTIMES:
+        if runtimes.get(name):
+            return name
+    raise MachineError("controller", "neither os-ken nor Ryu is installed (run: make setup)")
+
+
+def detect(runtime: str | None = None, probe_runtimes: bool = True) -> Environment:
+    """Probe the kernel and tools. ``runtime`` picks the controller runtime to record."""
+    netem = qdisc_available("netem delay 1ms")
+    red = qdisc_available("red limit 400000 min 30000 max 90000 avpkt 1500 burst 55 "
+                          "probability 0.1 bandwidth 100mbit ecn")
+    cc = _read("/proc/sys/net/ipv4/tcp_available_congestion_control").split()
+    if red:
+        ecn = "red"
+    elif shutil.which("clang") and shutil.which("bpftool"):
+        ecn = "tc-bpf"
+    elif shutil.which("nft"):
+        ecn = "nftables"
+    else:
+        ecn = "none"
+    dp = ovs_service.datapath()
+    tso = False
+    notes: list[str] = []
+    if ovs_service.db_running():
+        out = subprocess.run(["ovs-vsctl", "--timeout=2", "get", "Open_vSwitch", ".",
+                              "other_config:userspace-tso-enable"],
+                             capture_output=True, text=True)
+        tso = out.stdout.strip().strip('"') == "true"
+        if dp == "user" and not tso:
+            notes.append("userspace datapath without userspace-tso-enable: TCP will stall "
+                         "(restart ovs-vswitchd after `make setup`)")
+    else:
+        notes.append("Open vSwitch is not running (run: make setup)")
+    runtimes = {name: runtime_version(name) for name in RUNTIMES} if probe_runtimes else {}
+    env = Environment(kernel=platform.release(), datapath=dp, userspace_tso=tso, netem=netem,
+                      red=red, ecn=ecn, delay="netem" if netem else "none",
+                      congestion_controls=cc, dctcp="dctcp" in cc, runtimes=runtimes,
+                      notes=notes)
+    if probe_runtimes:
+        chosen = pick_runtime(runtimes, runtime)
+        env.controller = f"{chosen} {runtimes[chosen]}"
+    return env

@@ -1,0 +1,156 @@
+"""Bring an emulated fabric up and down: Mininet hosts and links, OVS switches, the controller.
+
+Order matters and is fixed here: refuse names that already exist (Mininet would otherwise
+delete a same-named bridge of somebody else's), write down what will be created, start the
+controller, then build the network and start the switches, then wait until the controller
+says every switch is programmed. Teardown removes exactly what the record lists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from functools import partial
+from pathlib import Path
+
+from mininet.log import setLogLevel
+from mininet.net import Mininet
+from mininet.node import OVSSwitch, RemoteController
+
+from lab import state
+from lab.controller import Controller
+from lab.environment import Environment
+from lab.errors import MachineError
+from lab.links import ShapedIntf, ShapedLink
+from lab.topologies import FabricTopo, describe
+
+
+def planned_names(topo: FabricTopo) -> tuple[list[str], list[str]]:
+    """(OVS bridges, root-namespace interfaces) the topology will create.
+
+    Mininet names an interface ``<node>-eth<port>``; switch ends live in the root namespace,
+    host ends in the hosts' namespaces (those vanish with the namespace).
+    """
+    bridges = list(topo.switches())
+    intfs = []
+    switch_set = set(bridges)
+    for a, b, info in topo.links(withInfo=True):
+        for node, port in ((a, info["port1"]), (b, info["port2"])):
+            if node in switch_set:
+                intfs.append(f"{node}-eth{port}")
+    return bridges, intfs
+
+
+def controller_config(topo_desc: dict, policy: str, seed: int) -> dict[str, object]:
+    """What the controller needs to program L3 ECMP forwarding: no guessing on its side."""
+    switch_names = {s["name"] for s in topo_desc["switches"]}
+    hosts = []
+    fabric_links = []
+    for link in topo_desc["links"]:
+        a, b = link["a"], link["b"]
+        if a in switch_names and b in switch_names:
+            fabric_links.append({k: link[k] for k in ("a", "a_port", "b", "b_port")})
+        else:
+            host, sw, port = (a, b, link["b_port"]) if b in switch_names else (b, a,
+                                                                                link["a_port"])
+            hosts.append((host, sw, port))
+    by_name = {h["name"]: h for h in topo_desc["hosts"]}
+    return {
+        "policy": policy, "seed": seed,
+        "switches": [{"name": s["name"], "dpid": s["dpid"]} for s in topo_desc["switches"]],
+        "hosts": [{"name": h, "ip": by_name[h]["ip"], "mac": by_name[h]["mac"], "switch": sw,
+                   "port": port} for h, sw, port in hosts],
+        "links": fabric_links,
+    }
+
+
+class LabControllerRef(RemoteController):
+    """Mininet's handle on the lab's controller; skips Mininet's telnet probe of the port
+    (the lab already knows the controller is up: it asked over the control socket)."""
+
+    def checkListening(self) -> None:  # noqa: N802 - Mininet API name
+        return
+
+
+class Fabric:
+    """A running network: ``start()`` brings it up, ``stop()`` removes what it created."""
+
+    def __init__(self, topo: FabricTopo, env: Environment, runtime: str, policy: str,
+                 seed: int, run_dir: Path, record: state.RunRecord) -> None:
+        self.topo = topo
+        self.desc = describe(topo)
+        self.env = env
+        self.runtime = runtime
+        self.policy = policy
+        self.seed = seed
+        self.run_dir = run_dir
+        self.record = record
+        self.net: Mininet | None = None
+        self.controller: Controller | None = None
+        self.timings: dict[str, float] = {}
+
+    # -- bring-up ---------------------------------------------------------------------------
+    def check_free(self) -> None:
+        bridges, intfs = planned_names(self.topo)
+        taken = sorted(set(bridges) & state.existing_bridges())
+        taken += sorted(set(intfs) & state.existing_interfaces())
+        if taken:
+            raise MachineError("topology", f"{', '.join(taken[:5])} already exist(s) and were "
+                               "not created by this run; if a killed FabricLab run left them, "
+                               "run `fabriclab clean`")
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        setLogLevel("warning")
+        self.check_free()
+        bridges, intfs = planned_names(self.topo)
+        self.record.bridges = bridges
+        self.record.interfaces = intfs
+        self.record.save()
+        self.controller = Controller(self.runtime, controller_config(self.desc, self.policy,
+                                                                     self.seed),
+                                     self.run_dir, self.record)
+        self.controller.start()
+        self.timings["controller_s"] = time.monotonic() - t0
+        ShapedIntf.netem_available = self.env.netem
+        switch = partial(OVSSwitch, datapath=self.env.datapath, failMode="secure",
+                         protocols="OpenFlow13")
+        ctrl = partial(LabControllerRef, ip="127.0.0.1", port=self.controller.port)
+        self.net = Mininet(topo=self.topo, switch=switch, link=ShapedLink, controller=ctrl,
+                           autoSetMacs=False, autoStaticArp=True, build=False,
+                           waitConnected=False)
+        self.net.build()
+        for node in self.net.hosts + self.net.switches + self.net.controllers:
+            self.record.pids.append({"pid": node.pid, "start": state.proc_start_time(node.pid),
+                                     "what": f"shell {node.name}"})
+        self.record.save()
+        for host in self.net.hosts:
+            host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
+                     "net.ipv6.conf.default.disable_ipv6=1 net.ipv4.tcp_ecn=0")
+        self.timings["build_s"] = time.monotonic() - t0
+        self.net.start()
+        self.controller.wait_ready()
+        self.timings["ready_s"] = time.monotonic() - t0
+
+    def pingall(self, timeout_s: float = 1.0) -> float:
+        """Every host pings every other once; returns the loss in per cent."""
+        assert self.net is not None
+        return float(self.net.pingAll(timeout=str(timeout_s)))
+
+    def host(self, name: str):
+        assert self.net is not None
+        return self.net.get(name)
+
+    # -- teardown ---------------------------------------------------------------------------
+    def stop(self) -> dict[str, int]:
+        """Stop Mininet and the controller, then remove whatever the record still lists."""
+        t0 = time.monotonic()
+        if self.net is not None:
+            with contextlib.suppress(Exception):
+                self.net.stop()
+            self.net = None
+        if self.controller is not None:
+            self.controller.stop()
+        left = state.remove(self.record)
+        self.timings["stop_s"] = time.monotonic() - t0
+        return left

@@ -1,0 +1,117 @@
+"""ECMP collisions: N elephant flows from one leaf's hosts to another leaf's, across S uplinks.
+
+The offered load fits the source leaf's uplinks in total (``load`` < 1 of their capacity), so
+with a perfect split nothing congests; only a hash collision - several elephants on one
+uplink - does. The metrics put the measured split beside the balls-into-bins expectation.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from lab import metrics as m
+from lab.scenario import Param
+from lab.traffic import BASE_DPORT, FlowSpec, pick_source_ports
+
+SCHEMA: dict[str, Param] = {
+    "traffic.flows": Param(int, 1, 128),
+    "traffic.proto": Param(str, choices=("tcp", "udp")),
+    "traffic.load": Param(float, 0.01, 2.0),
+    "traffic.pairs": Param(int, 0, 4096),
+    "traffic.cc": Param(str, choices=("cubic", "reno", "bbr")),
+}
+
+
+def edge_switches(topo_desc: dict) -> list[str]:
+    """The switches hosts attach to, in name order (leaves, or fat-tree edges)."""
+    role = "leaf" if topo_desc["type"] == "leafspine" else "edge"
+    names = [s["name"] for s in topo_desc["switches"] if s["role"] == role]
+    return sorted(names, key=lambda n: int(n[len(role):]))
+
+
+def hosts_of(topo_desc: dict, switch: str) -> list[str]:
+    hosts = {h["name"] for h in topo_desc["hosts"]}
+    found = []
+    for link in topo_desc["links"]:
+        if link["b"] == switch and link["a"] in hosts:
+            found.append(link["a"])
+    return sorted(found, key=lambda n: int(n[1:]))
+
+
+def uplink_capacity_bps(topo_desc: dict, switch: str) -> float:
+    hosts = {h["name"] for h in topo_desc["hosts"]}
+    return sum(link["bw_mbps"] * 1e6 for link in topo_desc["links"]
+               if link["a"] == switch and link["b"] not in hosts)
+
+
+def plan(topo_desc: dict, params: dict[str, Any], rng: random.Random) -> list[FlowSpec]:
+    """Flows from the hosts of the first edge switch to the hosts of the last one."""
+    t = params["traffic"]
+    edges = edge_switches(topo_desc)
+    src_sw, dst_sw = edges[0], edges[-1]
+    srcs, dsts = hosts_of(topo_desc, src_sw), hosts_of(topo_desc, dst_sw)
+    n = t["flows"]
+    pairs = t.get("pairs", 0) or max(len(srcs), len(dsts))
+    rate = t["load"] * uplink_capacity_bps(topo_desc, src_sw) / n
+    ips = {h["name"]: h["ip"] for h in topo_desc["hosts"]}
+    sports = pick_source_ports(n, rng)
+    flows = []
+    for i in range(n):
+        j = i % pairs
+        src, dst = srcs[j % len(srcs)], dsts[j % len(dsts)]
+        flows.append(FlowSpec(id=f"f{i + 1}", src=src, dst=dst, src_ip=ips[src],
+                              dst_ip=ips[dst], proto=t["proto"], sport=sports[i],
+                              dport=BASE_DPORT + i, rate_bps=rate, cc=t.get("cc")))
+    return flows
+
+
+def analyse(result: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """Per-uplink utilisation, imbalance, flows per uplink, expectation, goodput shortfall."""
+    topo = result["topology"]
+    src_sw = edge_switches(topo)[0]
+    hosts = {h["name"] for h in topo["hosts"]}
+    uplinks = {f"{src_sw}->{ln['peer']}": ln for ln in result["links"]
+               if ln["node"] == src_sw and ln["peer"] not in hosts}
+    flows_per_uplink = {name: 0 for name in uplinks}
+    for flow in result["flows"]:
+        if len(flow["path"]) >= 2 and flow["path"][0] == src_sw:
+            name = f"{src_sw}->{flow['path'][1]}"
+            if name in flows_per_uplink:
+                flows_per_uplink[name] += 1
+    n, s = len(result["flows"]), len(uplinks)
+    offered = sum(f["offered_bps"] for f in result["flows"])
+    goodput = sum(f["goodput_bps"] for f in result["flows"])
+    util = {name: ln["util_mean"] for name, ln in uplinks.items()}
+    return {
+        "uplinks": util,
+        "uplink_drops": {name: ln["drops"] for name, ln in uplinks.items()},
+        "imbalance": round(m.imbalance([ln["tx_bytes"] for ln in uplinks.values()]), 4),
+        "flows_per_uplink": flows_per_uplink,
+        "max_flows_per_uplink": max(flows_per_uplink.values(), default=0),
+        "expected_max_flows_per_uplink": round(m.expected_max_load(n, s), 4) if s else 0,
+        "p_unbalanced_expected": round(m.prob_unbalanced(n, s), 4) if s else 0,
+        "unbalanced": max(flows_per_uplink.values(), default=0) > -(-n // max(s, 1)),
+        "offered_bps": offered,
+        "aggregate_goodput_bps": goodput,
+        "goodput_shortfall": round(1 - goodput / offered, 4) if offered else 0.0,
+        "retransmits": sum(f["retransmits"] for f in result["flows"]),
+    }
+
+
+def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """Lines for the terminal summary."""
+    mt = result["metrics"]
+    rows = [(name, f"{u * 100:5.1f}% util, {mt['flows_per_uplink'][name]} flows, "
+                   f"{mt['uplink_drops'][name]} drops")
+            for name, u in mt["uplinks"].items()]
+    rows += [
+        ("imbalance (max/mean)", f"{mt['imbalance']:.3f}"),
+        ("max flows on one uplink", f"{mt['max_flows_per_uplink']} (balls-into-bins "
+                                    f"expectation {mt['expected_max_flows_per_uplink']:.2f})"),
+        ("goodput / offered", f"{mt['aggregate_goodput_bps'] / 1e6:.1f} / "
+                              f"{mt['offered_bps'] / 1e6:.1f} Mbit/s "
+                              f"(shortfall {mt['goodput_shortfall'] * 100:.1f}%)"),
+        ("retransmits", str(mt["retransmits"])),
+    ]
+    return rows

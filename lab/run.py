@@ -1,0 +1,253 @@
+"""One scenario run, from validated input to result.json, with teardown on every exit path.
+
+Everything that can be checked is checked before anything is started: the scenario, every
+``--set``, the policy, the topology, the machine. Only then is the lab locked, the run
+recorded and the fabric brought up. Normal exit, an exception, Ctrl-C and SIGTERM all pass
+through the same teardown; ``kill -9`` leaves a record that ``fabriclab clean`` applies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controllers import policies
+from lab import environment, kinds, scenario, state, telemetry
+from lab.errors import MachineError, ScenarioError
+from lab.fabric import Fabric
+from lab.result import SCHEMA_VERSION, flow_entries, link_entries, validate
+from lab.topologies import describe, make_topology
+from lab.traffic import FlowRunner, FlowSpec
+
+#: A phase whose least idle second had less CPU to spare than this ran CPU-bound: its
+#: numbers describe the emulator, not the network, and are flagged invalid.
+MIN_CPU_IDLE_PCT = 10.0
+SAMPLE_HZ = 10.0
+
+Progress = Callable[[str], None]
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise MachineError("user", "fabriclab must run as root: it creates namespaces, "
+                           "veths and OVS bridges (try: sudo fabriclab ...)")
+
+
+@dataclass
+class Plan:
+    """A fully validated run: nothing has been started yet."""
+
+    scenario: scenario.Scenario
+    kind: Any
+    params: dict[str, Any]
+    policy: str
+    topo_desc: dict[str, Any]
+    flows: list[FlowSpec]
+    env: environment.Environment
+    runtime: str
+
+    def topology(self):
+        return make_topology(self.params["topology"])
+
+
+def policy_names(wanted: str) -> list[str]:
+    if wanted == "all":
+        return policies.available()
+    try:
+        policies.get(wanted)
+    except policies.UnknownPolicy as exc:
+        raise ScenarioError("policy", str(exc).split(": ", 1)[-1]) from None
+    return [wanted]
+
+
+def make_plans(name: str, policy: str | None = None, sets: list[str] | None = None,
+               duration: float | None = None, seed: int | None = None,
+               runtime: str | None = None) -> list[Plan]:
+    """Validate everything and return one plan per policy to run."""
+    sc = scenario.load(name)
+    kind = kinds.get(sc.kind)
+    params = scenario.apply_sets(sc.params, scenario.parse_set(sets or []), kind.SCHEMA)
+    if policy is not None:
+        params["policy"] = policy
+    if duration is not None:
+        params["duration"] = duration
+    if seed is not None:
+        params["seed"] = seed
+    params.setdefault("policy", "all")
+    params.setdefault("seed", 1)
+    params.setdefault("duration", 10.0)
+    if params["policy"] != "all":
+        policy_names(str(params["policy"]))
+    scenario.validate(params, kind.SCHEMA)
+    topo = make_topology(params.get("topology", {}))
+    topo_desc = describe(topo)
+    require_root()
+    env = environment.detect(runtime)
+    if env.datapath == "user" and not env.userspace_tso:
+        raise MachineError("ovs", "; ".join(env.notes) or "userspace TSO is off")
+    chosen = environment.pick_runtime(env.runtimes, runtime)
+    flows = kind.plan(topo_desc, params, random.Random(params["seed"]))
+    return [Plan(sc, kind, params, p, topo_desc, flows, env, chosen)
+            for p in policy_names(str(params["policy"]))]
+
+
+@contextmanager
+def signals_as_exit() -> Iterator[None]:
+    """SIGTERM and SIGHUP unwind the stack like Ctrl-C does, so teardown runs."""
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def default_out_dir(scenario_name: str) -> Path:
+    return Path("results") / f"{scenario_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+@contextmanager
+def fabric_session(label: str, topo: Any, env: environment.Environment, runtime: str,
+                   policy: str, seed: int) -> Iterator[Fabric]:
+    """Lock the lab, record the run, yield an unstarted fabric; tear down on any exit."""
+    lock = state.LabLock()
+    lock.acquire()
+    run_id = f"{label}-{int(time.time() * 1000)}-{os.getpid()}"
+    # Every process the lab spawns inherits this marker: `clean` finds them by it.
+    os.environ[state.RUN_ENV] = run_id
+    record = state.RunRecord.new(run_id)
+    work = state.STATE_DIR / "work" / run_id
+    work.mkdir(parents=True, exist_ok=True)
+    record.paths.append(str(work))
+    record.save()
+    fabric = Fabric(topo, env, runtime, policy, seed, work, record)
+    try:
+        with signals_as_exit():
+            yield fabric
+    finally:
+        fabric.stop()
+        lock.release()
+        os.environ.pop(state.RUN_ENV, None)
+
+
+def execute(plan: Plan, out_dir: Path, progress: Progress = print) -> dict[str, Any]:
+    """Run one plan on a fresh fabric; returns the result (also written to out_dir)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_run = time.monotonic()
+    with fabric_session(f"{plan.scenario.name}-{plan.policy}", plan.topology(), plan.env,
+                        plan.runtime, plan.policy, int(plan.params["seed"])) as fabric:
+        try:
+            progress(f"[{plan.policy}] bringing up {plan.topo_desc['type']} "
+                     f"({len(plan.topo_desc['switches'])} switches, "
+                     f"{len(plan.topo_desc['hosts'])} hosts), controller {plan.runtime}")
+            fabric.start()
+            loss = fabric.pingall()
+            progress(f"[{plan.policy}] up in {fabric.timings['ready_s']:.1f} s; "
+                     f"pingall loss {loss:.0f}%")
+            result = _traffic_phase(plan, fabric, progress)
+        finally:
+            _keep_logs(fabric.run_dir, out_dir)
+    result["metrics"]["pingall_loss_pct"] = loss
+    if loss > 0:
+        result["fidelity"]["valid"] = False
+        result["fidelity"]["notes"].append(f"pingall lost {loss:.0f}% before traffic")
+    result["timings"] = {k: round(v, 3) for k, v in fabric.timings.items()}
+    result["timings"]["wall_s"] = round(time.monotonic() - t_run, 3)
+    problems = validate(result)
+    if problems:
+        raise MachineError("result", "; ".join(problems))
+    (out_dir / "result.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _keep_logs(work: Path, out_dir: Path) -> None:
+    """Copy the controller log and iperf3 JSON out of the work dir before it is removed."""
+    if (work / "controller.log").exists():
+        shutil.copy(work / "controller.log", out_dir / "controller.log")
+    if (work / "iperf3").is_dir():
+        shutil.copytree(work / "iperf3", out_dir / "iperf3", dirs_exist_ok=True)
+
+
+def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
+    assert fabric.controller is not None
+    duration = float(plan.params["duration"])
+    watch = [e for i, f in enumerate(plan.flows) for e in f.watch_entries(i)]
+    fabric.controller.request({"cmd": "watch", "flows": watch})
+    runner = FlowRunner(fabric, plan.flows, fabric.run_dir, fabric.record)
+    ports = telemetry.fabric_ports(plan.topo_desc)
+    sampler = telemetry.Sampler(ports, hz=SAMPLE_HZ)
+    bridges = [s["name"] for s in plan.topo_desc["switches"]]
+    try:
+        runner.start_servers()
+        sampler.start()
+        flows0 = {br: telemetry.flow_counters(br) for br in bridges}
+        before = telemetry.snapshot(ports)
+        t_start = time.monotonic() - sampler.t0
+        runner.start_clients(duration)
+        progress(f"[{plan.policy}] {len(plan.flows)} flows for {duration:g} s ...")
+        runner.wait(timeout_s=duration + 15)
+        after = telemetry.snapshot(ports)
+        t_end = time.monotonic() - sampler.t0
+        flows1 = {br: telemetry.flow_counters(br) for br in bridges}
+        sampler.stop()
+    finally:
+        runner.stop()
+        sampler.stop()
+    runner.collect()
+    # Counters are deltas between the two snapshots, so rates divide by the time between them.
+    measured = max(t_end - t_start, 1e-3)
+    counters = {br: {c: (v[0] - flows0[br].get(c, (0, 0))[0], v[1] - flows0[br].get(c, (0, 0))[1])
+                     for c, v in flows1[br].items()} for br in bridges}
+    result: dict[str, Any] = {
+        "schema": SCHEMA_VERSION, "scenario": plan.scenario.name, "policy": plan.policy,
+        "seed": int(plan.params["seed"]), "duration_s": round(measured, 3),
+        "environment": plan.env.as_result(), "topology": plan.topo_desc,
+        "params": plan.params,
+        "links": link_entries(ports, before, after, sampler, measured, t_start),
+        "flows": flow_entries(plan.flows, counters, plan.topo_desc),
+    }
+    result["metrics"] = plan.kind.analyse(result, plan.params)
+    idle = [round(x, 1) for x in sampler.cpu_idle_pct]
+    notes = list(plan.env.notes)
+    idle_min = min(idle, default=100.0)
+    valid = idle_min >= MIN_CPU_IDLE_PCT
+    if not valid:
+        notes.append(f"CPU-bound: least idle second had {idle_min:.0f}% idle "
+                     f"(< {MIN_CPU_IDLE_PCT:g}%); numbers describe the emulator")
+    errors = [f"{f['id']}: {f['error']}" for f in result["flows"] if f.get("error")]
+    if errors:
+        valid = False
+        notes += errors
+    unclean = [f["id"] for f in result["flows"] if not f["path_clean"]]
+    if unclean:
+        notes.append(f"flows whose counters do not form one path: {', '.join(unclean)}")
+    result["fidelity"] = {"cpu_idle_min_pct": idle_min, "cpu_idle_pct": idle, "valid": valid,
+                          "notes": notes}
+    return result
+
+
+def run(name: str, out: Path | None = None, progress: Progress = print,
+        **kwargs: Any) -> list[tuple[Path, dict[str, Any]]]:
+    """Validate, then execute one plan per policy. Returns [(result dir, result)]."""
+    plans = make_plans(name, **kwargs)
+    base = out or default_out_dir(plans[0].scenario.name)
+    done = []
+    for plan in plans:
+        out_dir = base if len(plans) == 1 else base / plan.policy
+        done.append((out_dir, execute(plan, out_dir, progress)))
+    if len(plans) > 1:
+        summary = {r["policy"]: r["metrics"] for _, r in done}
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "summary.json").write_text(json.dumps(summary, indent=1))
+    return done

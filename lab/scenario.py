@@ -1,0 +1,180 @@
+"""Scenarios are data: a YAML file per scenario folder, validated before anything starts.
+
+A scenario names its ``kind`` (the mechanism in ``lab/kinds/`` that runs it), a topology,
+traffic and defaults for policy, duration and seed. ``--set key=value`` overrides any value;
+keys are dotted paths (``traffic.flows=16``) or a bare leaf name when that is unambiguous
+(``flows=16``). Every bad value is reported naming its field.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lab.errors import ScenarioError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def scenarios_dir() -> Path:
+    return Path(os.environ.get("FABRICLAB_SCENARIOS", REPO_ROOT / "scenarios"))
+
+
+@dataclass(frozen=True)
+class Param:
+    """Type and range of one scenario value."""
+
+    type: type
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()
+
+    def check(self, key: str, value: Any) -> Any:
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if (isinstance(value, bool) and self.type is not bool) or not isinstance(value, self.type):
+            raise ScenarioError(key, f"expected {self.type.__name__}, got {value!r}")
+        if self.choices and value not in self.choices:
+            raise ScenarioError(key, f"{value!r} is not one of {', '.join(self.choices)}")
+        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            raise ScenarioError(key, f"{value} is out of range ({self.lo:g}..{self.hi:g})")
+        return value
+
+
+#: Keys every scenario has, whatever its kind.
+COMMON_SCHEMA: dict[str, Param] = {
+    "policy": Param(str),
+    "duration": Param(float, 1, 600),
+    "seed": Param(int, 0, 2**31 - 1),
+}
+
+
+@dataclass
+class Scenario:
+    name: str
+    kind: str
+    description: str
+    path: Path
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def list_scenarios() -> list[Scenario]:
+    found = []
+    base = scenarios_dir()
+    for sub in sorted(base.iterdir()) if base.is_dir() else []:
+        if (sub / "scenario.yaml").is_file():
+            try:
+                found.append(load_file(sub / "scenario.yaml"))
+            except ScenarioError:
+                continue
+    return found
+
+
+def load(name: str) -> Scenario:
+    """A scenario by name (a folder under scenarios/) or by path to a YAML file."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return load_file(path)
+    candidate = scenarios_dir() / name / "scenario.yaml"
+    if not candidate.is_file():
+        known = ", ".join(s.name for s in list_scenarios()) or "none"
+        raise ScenarioError("scenario", f"unknown scenario {name!r} (known: {known})")
+    return load_file(candidate)
+
+
+def load_file(path: Path) -> Scenario:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ScenarioError("scenario", f"{path}: malformed YAML{where}: "
+                            f"{getattr(exc, 'problem', exc)}") from None
+    except OSError as exc:
+        raise ScenarioError("scenario", f"{path}: {exc.strerror}") from None
+    if not isinstance(data, dict):
+        raise ScenarioError("scenario", f"{path}: expected a mapping at the top level")
+    for key in ("name", "kind"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise ScenarioError(key, f"{path}: missing or not a string")
+    params = {k: v for k, v in data.items() if k not in ("name", "kind", "description")}
+    return Scenario(name=data["name"], kind=data["kind"],
+                    description=str(data.get("description", "")).strip(), path=path,
+                    params=params)
+
+
+def parse_set(items: list[str]) -> list[tuple[str, Any]]:
+    """``key=value`` strings into (key, YAML-typed value) pairs."""
+    out = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ScenarioError("--set", f"expected key=value, got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        out.append((key, value))
+    return out
+
+
+def _leaf_keys(params: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for k, v in params.items():
+        full = f"{prefix}{k}"
+        keys += _leaf_keys(v, full + ".") if isinstance(v, dict) else [full]
+    return keys
+
+
+def resolve_key(key: str, params: dict[str, Any], schema: dict[str, Param]) -> str:
+    """The full dotted key that a ``--set`` key names."""
+    known = set(_leaf_keys(params)) | set(schema)
+    if key in known or key.startswith("topology."):
+        return key
+    matches = sorted(k for k in known if k.rsplit(".", 1)[-1] == key)
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ScenarioError("--set", f"{key!r} is ambiguous ({', '.join(matches)})")
+    raise ScenarioError("--set", f"unknown key {key!r} (known: {', '.join(sorted(known))})")
+
+
+def apply_sets(params: dict[str, Any], sets: list[tuple[str, Any]],
+               schema: dict[str, Param]) -> dict[str, Any]:
+    """A copy of ``params`` with the overrides applied (topology keys checked when built)."""
+    out = copy.deepcopy(params)
+    for key, value in sets:
+        full = resolve_key(key, out, schema)
+        node = out
+        parts = full.split(".")
+        for part in parts[:-1]:
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ScenarioError("--set", f"{'.'.join(parts[:-1])} is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def validate(params: dict[str, Any], schema: dict[str, Param]) -> dict[str, Any]:
+    """Check every non-topology value against the schema; unknown keys are errors."""
+    full_schema = {**COMMON_SCHEMA, **schema}
+    for key in _leaf_keys(params):
+        if key.startswith("topology."):
+            continue
+        if key not in full_schema:
+            raise ScenarioError(key, f"unknown key (known: {', '.join(sorted(full_schema))})")
+        node = params
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node[part]
+        node[parts[-1]] = full_schema[key].check(key, node[parts[-1]])
+    if "topology" in params and not isinstance(params["topology"], dict):
+        raise ScenarioError("topology", "expected a mapping")
+    return params

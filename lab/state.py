@@ -1,0 +1,201 @@
+"""What a run created, written down before it is created, so it can be removed by record.
+
+The lab never cleans by name (no ``mn -c``, no ``pkill``): other people's bridges and
+processes on the same machine must survive a FabricLab run. Instead every run keeps a record
+under the state directory listing the OVS bridges and root-namespace interfaces it will
+create (checked to be free beforehand), the PIDs it starts (with their start times, so a
+recycled PID is never killed) and its run id, which every process it spawns carries in its
+environment as ``FABRICLAB_RUN``. ``fabriclab clean`` applies the records of runs whose
+owner is gone (e.g. after ``kill -9``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from lab.errors import BusyError
+
+STATE_DIR = Path(os.environ.get("FABRICLAB_STATE", "/run/fabriclab"))
+RUN_ENV = "FABRICLAB_RUN"
+
+
+def records_dir() -> Path:
+    return STATE_DIR / "runs"
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot, or None if it does not exist."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may contain spaces and parentheses: split after the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def pid_alive(pid: int, start: int | None) -> bool:
+    now = proc_start_time(pid)
+    return now is not None and (start is None or now == start)
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    owner_pid: int
+    owner_start: int | None
+    created: float = field(default_factory=time.time)
+    bridges: list[str] = field(default_factory=list)
+    interfaces: list[str] = field(default_factory=list)
+    pids: list[dict[str, object]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        return records_dir() / f"{self.run_id}.json"
+
+    def save(self) -> None:
+        records_dir().mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        os.replace(tmp, self.path)
+
+    def add_pid(self, pid: int, what: str) -> None:
+        self.pids.append({"pid": pid, "start": proc_start_time(pid), "what": what})
+        self.save()
+
+    def owner_alive(self) -> bool:
+        return pid_alive(self.owner_pid, self.owner_start)
+
+    @classmethod
+    def load(cls, path: Path) -> RunRecord:
+        return cls(**json.loads(path.read_text()))
+
+    @classmethod
+    def new(cls, run_id: str) -> RunRecord:
+        pid = os.getpid()
+        rec = cls(run_id=run_id, owner_pid=pid, owner_start=proc_start_time(pid))
+        rec.save()
+        return rec
+
+
+class LabLock:
+    """One run at a time: switch and interface names are fixed, so runs must take turns.
+
+    ``flock`` is released by the kernel when the holder dies, even by ``kill -9``.
+    """
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        path = STATE_DIR / "lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise BusyError("lab", f"another FabricLab run (pid {holder}) is using the lab; "
+                            "wait for it, or stop it") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def marked_pids(run_id: str) -> list[int]:
+    """PIDs whose environment carries ``FABRICLAB_RUN=<run_id>`` (all our descendants)."""
+    needle = f"{RUN_ENV}={run_id}".encode()
+    found = []
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            env = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _kill(pids: list[tuple[int, int | None]], grace: float = 1.0) -> int:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; only PIDs whose start time matches."""
+    alive = [(p, s) for p, s in pids if pid_alive(p, s)]
+    for pid, _ in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(pid_alive(p, s) for p, s in alive):
+        time.sleep(0.05)
+    for pid, start in alive:
+        if pid_alive(pid, start):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return len(alive)
+
+
+def existing_bridges() -> set[str]:
+    out = subprocess.run(["ovs-vsctl", "--timeout=5", "list-br"], capture_output=True,
+                         text=True)
+    return set(out.stdout.split()) if out.returncode == 0 else set()
+
+
+def existing_interfaces() -> set[str]:
+    return set(os.listdir("/sys/class/net"))
+
+
+def remove(record: RunRecord) -> dict[str, int]:
+    """Remove everything ``record`` lists that still exists; then the record itself."""
+    pids = [(int(p["pid"]), p.get("start")) for p in record.pids]  # type: ignore[arg-type]
+    pids += [(p, proc_start_time(p)) for p in marked_pids(record.run_id)]
+    killed = _kill(list(dict.fromkeys(pids)))
+    bridges = sorted(set(record.bridges) & existing_bridges())
+    if bridges:
+        cmd = ["ovs-vsctl", "--timeout=10"]
+        for br in bridges:
+            cmd += ["--", "--if-exists", "del-br", br]
+        subprocess.run(cmd, check=False)
+    # Killing a host's shell frees its namespace and the veth ends inside it; switch-to-switch
+    # veths live in the root namespace and go here.
+    gone = existing_interfaces()
+    intfs = [i for i in record.interfaces if i in gone]
+    if intfs:
+        batch = "".join(f"link del {i}\n" for i in intfs)
+        subprocess.run(["ip", "-force", "-batch", "-"], input=batch, text=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    for p in record.paths:
+        shutil.rmtree(p, ignore_errors=True)
+    record.path.unlink(missing_ok=True)
+    return {"processes": killed, "bridges": len(bridges), "interfaces": len(intfs)}
+
+
+def stale_records() -> tuple[list[RunRecord], list[RunRecord]]:
+    """(records of dead runs, records of runs still alive)."""
+    dead, alive = [], []
+    if not records_dir().is_dir():
+        return dead, alive
+    for path in sorted(records_dir().glob("*.json")):
+        try:
+            rec = RunRecord.load(path)
+        except (OSError, ValueError, TypeError):
+            continue
+        (alive if rec.owner_alive() else dead).append(rec)
+    return dead, alive

@@ -1,0 +1,169 @@
+"""Per-port counters sampled into time series, qdisc drops and backlog, CPU headroom.
+
+Every switch egress port is one end of a veth pair in the root namespace, so the kernel's
+own interface counters (``/sys/class/net/<if>/statistics``) are exactly what crossed that
+emulated link, and the htb/bfifo qdisc on it holds the configured queue's drops and backlog.
+Reading sysfs is cheap enough for 10 Hz and more on 2 cores; qdisc stats come from one
+``tc -s -j qdisc show`` per sample for all ports at once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Port:
+    """A switch egress port and the link it drives."""
+
+    node: str
+    port: int
+    peer: str
+    intf: str
+    bw_mbps: float
+
+
+@dataclass
+class PortSnapshot:
+    tx_bytes: int
+    tx_packets: int
+    tx_dropped: int
+    qdisc_drops: int
+    backlog_bytes: int
+
+
+def read_counter(intf: str, name: str) -> int:
+    try:
+        with open(f"/sys/class/net/{intf}/statistics/{name}") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 0
+
+
+def qdisc_stats() -> dict[str, tuple[int, int]]:
+    """{dev: (drops, backlog bytes)} of each root qdisc in the root namespace."""
+    out = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True)
+    stats: dict[str, tuple[int, int]] = {}
+    try:
+        entries = json.loads(out.stdout or "[]")
+    except ValueError:
+        return stats
+    for q in entries:
+        if q.get("root"):
+            stats[q["dev"]] = (int(q.get("drops", 0)), int(q.get("backlog", 0)))
+    return stats
+
+
+def snapshot(ports: list[Port]) -> dict[Port, PortSnapshot]:
+    q = qdisc_stats()
+    snap = {}
+    for p in ports:
+        drops, backlog = q.get(p.intf, (0, 0))
+        snap[p] = PortSnapshot(read_counter(p.intf, "tx_bytes"),
+                               read_counter(p.intf, "tx_packets"),
+                               read_counter(p.intf, "tx_dropped"), drops, backlog)
+    return snap
+
+
+def cpu_times() -> tuple[int, int]:
+    """(idle, total) jiffies over all CPUs, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return idle, sum(fields[:8])
+
+
+@dataclass
+class Series:
+    t: list[float] = field(default_factory=list)
+    tx_bps: list[float] = field(default_factory=list)
+    queue_bytes: list[int] = field(default_factory=list)
+
+
+class Sampler(threading.Thread):
+    """Samples every port at ``hz`` into per-port series, and CPU idle per second."""
+
+    def __init__(self, ports: list[Port], hz: float = 10.0) -> None:
+        super().__init__(daemon=True, name="fabriclab-sampler")
+        self.ports = ports
+        self.period = 1.0 / hz
+        self.series: dict[Port, Series] = {p: Series() for p in ports}
+        self.cpu_idle_pct: list[float] = []
+        self._stop_evt = threading.Event()
+        self.t0 = 0.0
+
+    def run(self) -> None:
+        self.t0 = time.monotonic()
+        prev = snapshot(self.ports)
+        prev_t = self.t0
+        cpu_prev, cpu_prev_t = cpu_times(), self.t0
+        next_t = self.t0 + self.period
+        while not self._stop_evt.is_set():
+            delay = next_t - time.monotonic()
+            if delay > 0 and self._stop_evt.wait(delay):
+                break
+            next_t += self.period
+            now = time.monotonic()
+            cur = snapshot(self.ports)
+            dt = max(now - prev_t, 1e-6)
+            for p in self.ports:
+                s = self.series[p]
+                s.t.append(round(now - self.t0, 4))
+                s.tx_bps.append((cur[p].tx_bytes - prev[p].tx_bytes) * 8 / dt)
+                s.queue_bytes.append(cur[p].backlog_bytes)
+            prev, prev_t = cur, now
+            if now - cpu_prev_t >= 1.0:
+                cpu_now = cpu_times()
+                d_idle = cpu_now[0] - cpu_prev[0]
+                d_total = cpu_now[1] - cpu_prev[1]
+                if d_total > 0:
+                    self.cpu_idle_pct.append(100.0 * d_idle / d_total)
+                cpu_prev, cpu_prev_t = cpu_now, now
+
+    def stop(self) -> None:
+        self._stop_evt.set()
+        self.join(timeout=5)
+
+
+def fabric_ports(topo_desc: dict) -> list[Port]:
+    """Every switch egress port of a described topology (one ``links`` entry each)."""
+    switches = {s["name"] for s in topo_desc["switches"]}
+    ports = []
+    for link in topo_desc["links"]:
+        for node, port, peer in ((link["a"], link["a_port"], link["b"]),
+                                 (link["b"], link["b_port"], link["a"])):
+            if node in switches:
+                ports.append(Port(node, port, peer, f"{node}-eth{port}", link["bw_mbps"]))
+    return sorted(ports, key=lambda p: (p.node, p.port))
+
+
+def flow_counters(bridge: str) -> dict[int, tuple[int, int]]:
+    """{cookie: (packets, bytes)} of the per-flow counter entries in table 0 of ``bridge``.
+
+    Read with ``ovs-ofctl``: these are the switch's own counters for exactly the packets
+    that matched the flow's 5-tuple there.
+    """
+    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", bridge, "table=0"],
+                         capture_output=True, text=True)
+    counters: dict[int, tuple[int, int]] = {}
+    for line in out.stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("cookie="):
+            continue
+        fields = dict(kv.split("=", 1) for kv in line.split(", ") if "=" in kv)
+        cookie = int(fields["cookie"], 16)
+        if cookie == 0:
+            continue
+        counters[cookie] = (int(fields.get("n_packets", 0)), int(fields.get("n_bytes", 0)))
+    return counters
+
+
+def save_series(path: Path, sampler: Sampler) -> None:
+    data = {f"{p.node}:{p.port}": {"t": s.t, "tx_bps": s.tx_bps, "queue_bytes": s.queue_bytes}
+            for p, s in sampler.series.items()}
+    path.write_text(json.dumps(data))

@@ -1,0 +1,216 @@
+"""Leaf-spine and fat-tree fabrics as Mininet ``Topo``s with stable names and port numbers.
+
+Names and port numbers are part of the lab's interface: scenarios, tests and lessons refer to
+``leaf1``, ``spine2``, ``h3`` and to "the uplink leaf1->spine2", so they must not depend on
+build order. Ports are assigned explicitly (OVS uses them as OpenFlow port numbers), datapath
+ids are explicit and distinct per tier, and every link carries its rate and queue limit.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from mininet.topo import Topo
+
+from lab.errors import TopologyError
+
+DEFAULT_FABRIC_MBPS = 100.0
+DEFAULT_HOST_MBPS = 50.0
+DEFAULT_QUEUE_BYTES = 150_000
+#: htb with a 64 KiB burst stays accurate up to here; beyond it the datapath, not the
+#: configured link, would be the bottleneck (PLATFORM.md: shape far below ~8 Gbit/s).
+MAX_LINK_MBPS = 1000.0
+MAX_HOSTS = 512
+
+_DPID_BASE = {"spine": 0x100, "core": 0x100, "leaf": 0x200, "agg": 0x200, "edge": 0x300}
+
+
+@dataclass(frozen=True)
+class HostAddr:
+    ip: str
+    mac: str
+
+
+def host_addr(n: int) -> HostAddr:
+    """Address of host ``h<n>``: 10.0.0.n/8 style, unique for n < 2**16."""
+    return HostAddr(ip=f"10.0.{n >> 8}.{n & 0xFF}", mac=f"00:00:00:00:{n >> 8:02x}:{n & 0xFF:02x}")
+
+
+def _check_int(field: str, value: object, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TopologyError(field, f"expected an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise TopologyError(field, f"{value} is out of range ({lo}..{hi})")
+    return value
+
+
+def _check_rate(field: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TopologyError(field, f"expected a rate in Mbit/s, got {value!r}")
+    if not 0 < value <= MAX_LINK_MBPS:
+        raise TopologyError(field, f"{value} Mbit/s is a rate the link model cannot do "
+                            f"faithfully (0 < rate <= {MAX_LINK_MBPS:g} Mbit/s)")
+    return float(value)
+
+
+class FabricTopo(Topo):
+    """Common bookkeeping: tiers, host addresses, link rates, oversubscription."""
+
+    kind = "fabric"
+
+    def __init__(self, **params: object) -> None:
+        self.roles: dict[str, str] = {}
+        self.params: dict[str, object] = {}
+        self.oversubscription = 1.0
+        super().__init__(**params)
+
+    def add_fabric_switch(self, role: str, index: int) -> str:
+        name = f"{role}{index}"
+        self.addSwitch(name, dpid=f"{_DPID_BASE[role] + index:016x}", protocols="OpenFlow13")
+        self.roles[name] = role
+        return name
+
+    def add_fabric_host(self, index: int) -> str:
+        name = f"h{index}"
+        addr = host_addr(index)
+        self.addHost(name, ip=f"{addr.ip}/8", mac=addr.mac)
+        self.roles[name] = "host"
+        return name
+
+    def shaped(self, bw: float, queue_bytes: int) -> dict[str, object]:
+        return {"bw": bw, "queue_bytes": queue_bytes}
+
+    def role(self, name: str) -> str:
+        return self.roles[name]
+
+
+class LeafSpine(FabricTopo):
+    """Two-tier Clos: every leaf connects to every spine.
+
+    Ports: on a leaf, hosts use 1..hosts_per_leaf and uplinks follow (spine i on port
+    hosts_per_leaf+i); on a spine, leaf j is on port j. Hosts are numbered leaf by leaf.
+    """
+
+    kind = "leafspine"
+
+    def build(self, spines: int = 2, leaves: int = 2, hosts_per_leaf: int = 4,
+              host_bw: float = DEFAULT_HOST_MBPS, fabric_bw: float = DEFAULT_FABRIC_MBPS,
+              queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
+        spines = _check_int("topology.spines", spines, 1, 64)
+        leaves = _check_int("topology.leaves", leaves, 1, 64)
+        hosts_per_leaf = _check_int("topology.hosts_per_leaf", hosts_per_leaf, 1, 64)
+        if leaves * hosts_per_leaf > MAX_HOSTS:
+            raise TopologyError("topology", f"{leaves * hosts_per_leaf} hosts is more than "
+                                f"this lab builds ({MAX_HOSTS})")
+        host_bw = _check_rate("topology.host_bw", host_bw)
+        fabric_bw = _check_rate("topology.fabric_bw", fabric_bw)
+        queue_bytes = _check_int("topology.queue_bytes", queue_bytes, 3000, 64_000_000)
+        self.params = {"spines": spines, "leaves": leaves, "hosts_per_leaf": hosts_per_leaf,
+                       "host_bw": host_bw, "fabric_bw": fabric_bw, "queue_bytes": queue_bytes}
+        self.oversubscription = hosts_per_leaf * host_bw / (spines * fabric_bw)
+
+        spine_names = [self.add_fabric_switch("spine", i) for i in range(1, spines + 1)]
+        for j in range(1, leaves + 1):
+            leaf = self.add_fabric_switch("leaf", j)
+            for k in range(1, hosts_per_leaf + 1):
+                host = self.add_fabric_host((j - 1) * hosts_per_leaf + k)
+                self.addLink(host, leaf, port1=0, port2=k, **self.shaped(host_bw, queue_bytes))
+            for i, spine in enumerate(spine_names, start=1):
+                self.addLink(leaf, spine, port1=hosts_per_leaf + i, port2=j,
+                             **self.shaped(fabric_bw, queue_bytes))
+
+
+class FatTree(FabricTopo):
+    """The k-ary fat-tree of Al-Fares et al.: k pods, (k/2)^2 cores, k^3/4 hosts.
+
+    Names are numbered globally (``edge1``..``edge{k*k/2}``, ``agg1``.., ``core1``..); the pod
+    of each switch is in ``pods``. Ports: an edge switch has hosts on 1..k/2 and aggs on
+    k/2+1..k; an agg has edges on 1..k/2 and cores on k/2+1..k; core c has pod p on port p.
+    """
+
+    kind = "fattree"
+
+    def build(self, k: int = 4, host_bw: float = DEFAULT_FABRIC_MBPS,
+              fabric_bw: float = DEFAULT_FABRIC_MBPS,
+              queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
+        k = _check_int("topology.k", k, 2, 16)
+        if k % 2:
+            raise TopologyError("topology.k", f"a fat-tree needs an even k, got {k}")
+        if k ** 3 // 4 > MAX_HOSTS:
+            raise TopologyError("topology.k", f"k={k} gives {k ** 3 // 4} hosts, more than "
+                                f"this lab builds ({MAX_HOSTS})")
+        host_bw = _check_rate("topology.host_bw", host_bw)
+        fabric_bw = _check_rate("topology.fabric_bw", fabric_bw)
+        queue_bytes = _check_int("topology.queue_bytes", queue_bytes, 3000, 64_000_000)
+        self.params = {"k": k, "host_bw": host_bw, "fabric_bw": fabric_bw,
+                       "queue_bytes": queue_bytes}
+        half = k // 2
+        self.oversubscription = half * host_bw / (half * fabric_bw)
+        self.pods: dict[str, int] = {}
+        cores = [self.add_fabric_switch("core", c) for c in range(1, half * half + 1)]
+        host_index = 1
+        for pod in range(1, k + 1):
+            aggs = [self.add_fabric_switch("agg", (pod - 1) * half + a) for a in range(1, half + 1)]
+            edges = [self.add_fabric_switch("edge", (pod - 1) * half + e)
+                     for e in range(1, half + 1)]
+            for sw in aggs + edges:
+                self.pods[sw] = pod
+            for e, edge in enumerate(edges, start=1):
+                for h in range(1, half + 1):
+                    host = self.add_fabric_host(host_index)
+                    host_index += 1
+                    self.addLink(host, edge, port1=0, port2=h,
+                                 **self.shaped(host_bw, queue_bytes))
+                for a, agg in enumerate(aggs, start=1):
+                    self.addLink(edge, agg, port1=half + a, port2=e,
+                                 **self.shaped(fabric_bw, queue_bytes))
+            for a, agg in enumerate(aggs, start=1):
+                # Agg a of every pod reaches cores (a-1)*half+1 .. a*half.
+                for c in range(1, half + 1):
+                    core = cores[(a - 1) * half + c - 1]
+                    self.addLink(agg, core, port1=half + c, port2=pod,
+                                 **self.shaped(fabric_bw, queue_bytes))
+
+
+TOPOLOGIES: dict[str, type[FabricTopo]] = {"leafspine": LeafSpine, "fattree": FatTree}
+
+
+def make_topology(spec: dict[str, object]) -> FabricTopo:
+    """Build a topology from a scenario's ``topology:`` mapping (``type`` plus parameters)."""
+    spec = dict(spec)
+    kind = spec.pop("type", "leafspine")
+    cls = TOPOLOGIES.get(str(kind))
+    if cls is None:
+        raise TopologyError("topology.type", f"unknown topology {kind!r} "
+                            f"(known: {', '.join(sorted(TOPOLOGIES))})")
+    allowed = set(inspect.signature(cls.build).parameters) - {"self"}
+    unknown = sorted(set(spec) - allowed)
+    if unknown:
+        raise TopologyError(f"topology.{unknown[0]}", f"unknown parameter for {kind} "
+                            f"(known: {', '.join(sorted(allowed))})")
+    return cls(**spec)
+
+
+def describe(topo: FabricTopo) -> dict[str, object]:
+    """The ``topology`` section of result.json: nodes, links with ports and rates."""
+    switches = []
+    for name in topo.switches():
+        info = topo.nodeInfo(name)
+        entry: dict[str, object] = {"name": name, "role": topo.role(name),
+                                    "dpid": int(str(info["dpid"]), 16)}
+        if isinstance(topo, FatTree):
+            entry["pod"] = topo.pods.get(name)
+        switches.append(entry)
+    hosts = []
+    for name in topo.hosts():
+        info = topo.nodeInfo(name)
+        hosts.append({"name": name, "ip": str(info["ip"]).split("/")[0], "mac": info["mac"]})
+    links = []
+    for a, b, info in topo.links(sort=False, withInfo=True):
+        # Topo.links() yields (node1, node2) in the order given to addLink, ports alike.
+        links.append({"a": a, "a_port": info["port1"], "b": b, "b_port": info["port2"],
+                      "bw_mbps": info["bw"], "queue_bytes": info["queue_bytes"]})
+    return {"type": topo.kind, "params": dict(topo.params),
+            "oversubscription": round(topo.oversubscription, 4),
+            "switches": switches, "hosts": hosts, "links": links}

@@ -1,0 +1,170 @@
+"""Elephant flows with iperf3: started, stopped and collected by the lab, 5-tuples known.
+
+Each flow has its own one-off iperf3 server port and a fixed client port (``--cport``), so
+its data connection's 5-tuple is known before it starts: the controller can install a
+per-flow counter for it and the report can say which uplink those packets crossed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lab.errors import MachineError
+from lab.state import RunRecord
+
+PROTO_NUM = {"tcp": 6, "udp": 17}
+BASE_DPORT = 5201
+COOKIE_BASE = 0xFAB0_0000_0000_0000
+
+
+@dataclass
+class FlowSpec:
+    """One iperf3 flow: endpoints, 5-tuple, offered rate."""
+
+    id: str
+    src: str
+    dst: str
+    src_ip: str
+    dst_ip: str
+    proto: str
+    sport: int
+    dport: int
+    rate_bps: float
+    kind: str = "elephant"
+    cc: str | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+
+    def watch_entries(self, index: int) -> list[dict[str, object]]:
+        """Counter entries for the data direction and the reverse (ACK) direction."""
+        p = PROTO_NUM[self.proto]
+        fwd = {"cookie": COOKIE_BASE + 2 * index, "proto": p, "src": self.src_ip,
+               "dst": self.dst_ip, "sport": self.sport, "dport": self.dport}
+        rev = {"cookie": COOKIE_BASE + 2 * index + 1, "proto": p, "src": self.dst_ip,
+               "dst": self.src_ip, "sport": self.dport, "dport": self.sport}
+        return [fwd, rev]
+
+
+def pick_source_ports(count: int, rng: random.Random) -> list[int]:
+    """Distinct ephemeral-range client ports, drawn from the run's seed."""
+    return rng.sample(range(32768, 60999), count)
+
+
+def _iperf_server_cmd(flow: FlowSpec) -> list[str]:
+    return ["iperf3", "-s", "-1", "-J", "-B", flow.dst_ip, "-p", str(flow.dport)]
+
+
+def _iperf_client_cmd(flow: FlowSpec, duration_s: float) -> list[str]:
+    cmd = ["iperf3", "-c", flow.dst_ip, "-B", flow.src_ip, "-p", str(flow.dport),
+           "--cport", str(flow.sport), "-t", f"{duration_s:g}", "-b", f"{int(flow.rate_bps)}",
+           "-J"]
+    if flow.proto == "udp":
+        cmd += ["-u", "-l", "1400"]
+    elif flow.cc:
+        cmd += ["-C", flow.cc]
+    return cmd
+
+
+class FlowRunner:
+    """Runs a set of flows on a fabric: servers first, then all clients at once."""
+
+    def __init__(self, fabric: Any, flows: list[FlowSpec], run_dir: Path,
+                 record: RunRecord) -> None:
+        self.fabric = fabric
+        self.flows = flows
+        self.dir = run_dir / "iperf3"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.record = record
+        self.servers: list[Any] = []
+        self.clients: list[Any] = []
+
+    def start_servers(self, timeout_s: float = 5.0) -> None:
+        for flow in self.flows:
+            host = self.fabric.host(flow.dst)
+            out = open(self.dir / f"{flow.id}.server.json", "wb")  # noqa: SIM115
+            proc = host.popen(_iperf_server_cmd(flow), stdout=out, stderr=out)
+            self.record.add_pid(proc.pid, f"iperf3 server {flow.id}")
+            self.servers.append(proc)
+        # A server is ready once its port listens in its host's namespace.
+        deadline = time.monotonic() + timeout_s
+        pending = list(self.flows)
+        while pending and time.monotonic() < deadline:
+            flow = pending[0]
+            listening = self.fabric.host(flow.dst).cmd(
+                f"ss -Hltn 'sport = :{flow.dport}'")
+            if str(flow.dport) in listening:
+                pending.pop(0)
+            else:
+                time.sleep(0.02)
+        if pending:
+            raise MachineError("traffic", f"iperf3 servers did not start: "
+                               f"{[f.id for f in pending]}")
+
+    def start_clients(self, duration_s: float) -> float:
+        """Start every client; returns the monotonic start time."""
+        t0 = time.monotonic()
+        for flow in self.flows:
+            host = self.fabric.host(flow.src)
+            out = open(self.dir / f"{flow.id}.client.json", "wb")  # noqa: SIM115
+            proc = host.popen(_iperf_client_cmd(flow, duration_s), stdout=out, stderr=out)
+            self.record.add_pid(proc.pid, f"iperf3 client {flow.id}")
+            self.clients.append(proc)
+        return t0
+
+    def wait(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for proc in self.clients + self.servers:
+            left = max(0.1, deadline - time.monotonic())
+            try:
+                proc.wait(timeout=left)
+            except Exception:
+                proc.kill()
+                proc.wait()
+
+    def collect(self) -> None:
+        """Parse each flow's iperf3 JSON into ``flow.result``."""
+        for flow in self.flows:
+            flow.result = parse_iperf(self.dir / f"{flow.id}.client.json",
+                                      self.dir / f"{flow.id}.server.json", flow.proto)
+
+    def stop(self) -> None:
+        for proc in self.clients + self.servers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def parse_iperf(client_path: Path, server_path: Path, proto: str) -> dict[str, Any]:
+    """Goodput, bytes, retransmits/loss and errors from iperf3's own JSON."""
+    client = _load_json(client_path)
+    server = _load_json(server_path)
+    end = client.get("end", {})
+    out: dict[str, Any] = {"error": client.get("error") or server.get("error")}
+    if proto == "tcp":
+        sent = end.get("sum_sent", {})
+        recv = end.get("sum_received", {})
+        out.update(sent_bytes=sent.get("bytes", 0), received_bytes=recv.get("bytes", 0),
+                   goodput_bps=recv.get("bits_per_second", 0.0),
+                   retransmits=sent.get("retransmits", 0),
+                   seconds=recv.get("seconds", 0.0))
+    else:
+        s = end.get("sum", {})
+        srv = server.get("end", {}).get("sum", {})
+        lost = srv.get("lost_packets", s.get("lost_packets", 0))
+        total = srv.get("packets", s.get("packets", 0))
+        out.update(sent_bytes=s.get("bytes", 0), received_bytes=srv.get("bytes", 0),
+                   goodput_bps=srv.get("bits_per_second", 0.0), retransmits=0,
+                   lost_packets=lost, packets=total,
+                   udp_loss=(lost / total) if total else 0.0, seconds=srv.get("seconds", 0.0))
+    return out

@@ -1,0 +1,36 @@
+"""The Vagrant VM is provisioned by the same set-up entry point as `make setup` and CI."""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_provisioner_runs_the_setup_entry_point():
+    text = (REPO / "Vagrantfile").read_text()
+    assert 'config.vm.box = "debian/bookworm64"' in text
+    assert re.search(r"cpus = [2-9]", text) and re.search(r"memory = (\d{4,})", text)
+    assert "bash /vagrant/lab/setup.sh" in text
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^setup:\n\tbash lab/setup.sh$", makefile, re.M)
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_readme_commands_match_the_makefile():
+    readme = (REPO / "README.md").read_text()
+    assert "sudo make demo" in readme and "sudo make test" in readme
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^demo: setup$", makefile, re.M)
+    assert re.search(r"^test: setup", makefile, re.M)
+
+
+@pytest.mark.skipif(not shutil.which("vagrant"), reason="vagrant is not installed")
+def test_vagrant_validate():
+    r = subprocess.run(["vagrant", "validate", "--ignore-provider"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "validated successfully" in r.stdout
