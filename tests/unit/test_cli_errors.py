@@ -13,7 +13,7 @@ FABRICLAB = [sys.executable, "-m", "lab.cli"]
 def run_cli(*args, user=None):
     cmd = FABRICLAB + list(args)
     if user is not None:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] + cmd
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 

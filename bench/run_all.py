@@ -1,0 +1,24 @@
+"""Every benchmark in one go; numbers go to bench/out/ and into README's table by hand."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    out = HERE / "out"
+    out.mkdir(exist_ok=True)
+    rc = 0
+    for script in ("bringup.py", "ecmp_basic.py"):
+        print(f"== {script}", flush=True)
+        rc |= subprocess.run([sys.executable, str(HERE / script), "--json",
+                              str(out / script.replace(".py", ".json"))]).returncode
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

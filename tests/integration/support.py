@@ -1,0 +1,76 @@
+"""Helpers for integration tests: run the real CLI as a user would; find leftovers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from lab import state
+
+REPO = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "lab.cli"]
+
+
+def lab_leftovers() -> dict[str, list]:
+    """Anything of FabricLab's that still exists on the machine."""
+    intfs = [i for i in os.listdir("/sys/class/net") if "-eth" in i]
+    out = subprocess.run(["ovs-vsctl", "--timeout=5", "list-br"], capture_output=True,
+                         text=True)
+    bridges = out.stdout.split()
+    procs = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                env = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if f"{state.RUN_ENV}=".encode() in env and int(entry.name) != os.getpid():
+                procs.append(int(entry.name))
+    records = sorted(p.name for p in state.records_dir().glob("*.json")) \
+        if state.records_dir().is_dir() else []
+    return {"interfaces": intfs, "bridges": bridges, "processes": procs, "records": records}
+
+
+def fabriclab(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(CLI + list(args), cwd=REPO, capture_output=True, text=True,
+                       timeout=timeout)
+    print(r.stdout)
+    print(r.stderr, file=sys.stderr)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def run_result(tmp_path: Path, *args: str) -> dict:
+    """`fabriclab run ecmp-basic ARGS --out TMP` and its result.json."""
+    out = tmp_path / "out"
+    fabriclab("run", "ecmp-basic", "--out", str(out), *args)
+    return json.loads((out / "result.json").read_text())
+
+#: Per-link agreement: a few per cent, plus a small absolute slack for the iperf3 control
+#: connections (not watched) and the controller's packet-outs.
+REL_TOL, ABS_TOL = 0.03, 64_000
+
+
+def check_links_agree_with_flows(r: dict) -> list[str]:
+    """Every fabric link's tx bytes = the bytes its flows' packets brought to the far switch."""
+    switches = {s["name"] for s in r["topology"]["switches"]}
+    carried: dict[tuple[str, str], int] = {}
+    for f in r["flows"]:
+        for path, hops in ((f["path"], f["hop_bytes"]),
+                           (f["reverse_path"], f["reverse_hop_bytes"])):
+            for a, b in itertools.pairwise(path):
+                carried[(a, b)] = carried.get((a, b), 0) + hops[b]
+    problems = []
+    for ln in r["links"]:
+        if ln["peer"] not in switches:
+            continue
+        flows_bytes = carried.get((ln["node"], ln["peer"]), 0)
+        if abs(ln["tx_bytes"] - flows_bytes) > max(ABS_TOL, REL_TOL * ln["tx_bytes"]):
+            problems.append(f"{ln['node']}->{ln['peer']}: link {ln['tx_bytes']} B, "
+                            f"flows {flows_bytes} B")
+    return problems

@@ -1,0 +1,26 @@
+"""doctor, list and topo, as a user runs them."""
+
+from tests.integration.support import fabriclab
+
+
+def test_doctor_reports_the_mechanisms_chosen():
+    out = fabriclab("doctor").stdout
+    for words in ("OVS datapath", "ECN marking", "delay/loss", "congestion controls",
+                  "runtime os-ken", "runtime ryu", "controller (default)"):
+        assert words in out
+    import json
+    env = json.loads(fabriclab("doctor", "--json").stdout)
+    assert env["datapath"] in ("user", "kernel")
+    assert env["runtimes"]["os-ken"] and env["runtimes"]["ryu"] == "4.34"
+    if not env["netem"]:
+        assert env["delay"] == "none"
+
+
+def test_list_shows_ecmp_basic():
+    assert "ecmp-basic" in fabriclab("list").stdout
+
+
+def test_topo_fattree_comes_up_reachable():
+    out = fabriclab("topo", "fattree", "--k", "4", "--policy", "hash5").stdout
+    assert "20 switches, 16 hosts" in out
+    assert "pingall loss 0%" in out
