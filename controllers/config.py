@@ -1,0 +1,177 @@
+"""The controller's config file, as the lab writes it, checked once at start-up.
+
+The controller never discovers the topology: the lab knows it exactly (it built it) and a
+learning controller would add its own timing and flooding to every measurement. So a
+config mistake must stop the controller at start with a message naming the field, not
+surface later as a silently unreachable host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from controllers import policies
+
+#: Set by ``controllers.launch`` from ``--config``; read by the app at instantiation.
+CONFIG_ENV = "FABRICLAB_CONTROLLER_CONFIG"
+MAX_PORT = 0xFFFFFF00            # OFPP_MAX: above it OpenFlow port numbers are reserved
+
+
+class ConfigError(ValueError):
+    """A config file the controller cannot run with; the message starts with the field."""
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    dpid: int
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    ip: str
+    mac: str
+    switch: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Link:
+    """A switch-to-switch link; host attachments are in ``Host``."""
+
+    a: str
+    a_port: int
+    b: str
+    b_port: int
+
+
+@dataclass(frozen=True)
+class Config:
+    policy: str
+    seed: int
+    control_socket: str
+    switches: tuple[Switch, ...]
+    hosts: tuple[Host, ...]
+    links: tuple[Link, ...]
+
+    def switch_by_dpid(self) -> dict[int, str]:
+        return {s.dpid: s.name for s in self.switches}
+
+    def topology(self) -> dict[str, list[dict[str, Any]]]:
+        """The plain-dict form ``controllers.routing`` and ``controllers.plan`` take."""
+        return {"switches": [asdict(s) for s in self.switches],
+                "hosts": [asdict(h) for h in self.hosts],
+                "links": [asdict(lk) for lk in self.links]}
+
+
+def _get(obj: dict[str, Any], key: str, where: str) -> Any:
+    if key not in obj:
+        raise ConfigError(f"{where}.{key}: missing")
+    return obj[key]
+
+
+def _int(value: Any, where: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{where}: {value} is out of range {lo}..{hi}")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _ipv4(value: Any, where: str) -> str:
+    try:
+        return str(ipaddress.IPv4Address(_str(value, where)))
+    except ipaddress.AddressValueError:
+        raise ConfigError(f"{where}: {value!r} is not a dotted IPv4 address") from None
+
+
+def _list(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    items = _get(obj, key, "config")
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise ConfigError(f"{key}: expected a list of objects")
+    return items
+
+
+def parse(raw: Any) -> Config:
+    """Validate a decoded config; extra keys are ignored (the lab may record more)."""
+    if not isinstance(raw, dict):
+        raise ConfigError("config: expected a JSON object")
+    switches = tuple(Switch(_str(_get(s, "name", f"switches[{i}]"), f"switches[{i}].name"),
+                            _int(_get(s, "dpid", f"switches[{i}]"), f"switches[{i}].dpid",
+                                 1, 2**64 - 1))
+                     for i, s in enumerate(_list(raw, "switches")))
+    names = [s.name for s in switches]
+    if len(set(names)) != len(names):
+        raise ConfigError("switches: duplicate switch name")
+    if len({s.dpid for s in switches}) != len(switches):
+        raise ConfigError("switches: duplicate dpid")
+    known = set(names)
+    used: set[tuple[str, int]] = set()
+
+    def port_of(sw: str, port: Any, where: str) -> int:
+        if sw not in known:
+            raise ConfigError(f"{where}: unknown switch {sw!r}")
+        p = _int(port, where, 1, MAX_PORT)
+        if (sw, p) in used:
+            raise ConfigError(f"{where}: port {p} of {sw} is used twice")
+        used.add((sw, p))
+        return p
+
+    hosts = []
+    for i, h in enumerate(_list(raw, "hosts")):
+        w = f"hosts[{i}]"
+        sw = _str(_get(h, "switch", w), f"{w}.switch")
+        hosts.append(Host(_str(_get(h, "name", w), f"{w}.name"),
+                          _ipv4(_get(h, "ip", w), f"{w}.ip"),
+                          _str(_get(h, "mac", w), f"{w}.mac"), sw,
+                          port_of(sw, _get(h, "port", w), f"{w}.port")))
+    if len({h.ip for h in hosts}) != len(hosts):
+        raise ConfigError("hosts: duplicate IP address")
+    links = []
+    for i, lk in enumerate(_list(raw, "links")):
+        w = f"links[{i}]"
+        a = _str(_get(lk, "a", w), f"{w}.a")
+        b = _str(_get(lk, "b", w), f"{w}.b")
+        if a == b:
+            raise ConfigError(f"{w}: a link from {a} to itself")
+        links.append(Link(a, port_of(a, _get(lk, "a_port", w), f"{w}.a_port"),
+                          b, port_of(b, _get(lk, "b_port", w), f"{w}.b_port")))
+    policy = _str(_get(raw, "policy", "config"), "policy")
+    try:
+        policies.get(policy)
+    except policies.UnknownPolicy as exc:
+        raise ConfigError(str(exc)) from None
+    return Config(policy=policy, seed=_int(raw.get("seed", 0), "seed", -(2**63), 2**63 - 1),
+                  control_socket=_str(_get(raw, "control_socket", "config"),
+                                      "control_socket"),
+                  switches=switches, hosts=tuple(hosts), links=tuple(links))
+
+
+def load(path: str | os.PathLike[str]) -> Config:
+    """Read and validate the config file at ``path``."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config: {path} is not JSON: {exc}") from None
+    return parse(raw)
+
+
+def load_from_env() -> Config:
+    path = os.environ.get(CONFIG_ENV)
+    if not path:
+        raise ConfigError(f"config: {CONFIG_ENV} is not set (start via controllers.launch)")
+    return load(path)

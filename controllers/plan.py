@@ -1,0 +1,192 @@
+"""What each switch's tables should hold, as plain data, before any OpenFlow is involved.
+
+Pipeline (the numbers live here and only here):
+
+- table 0 (``TABLE_WATCH``): per-flow counter entries the lab asks for (``PRIO_WATCH``),
+  each ``goto_table:1``, above a ``PRIO_DEFAULT`` ``goto_table:1``. Counting in a table of
+  its own means a counter can never change where a packet goes.
+- table 1 (``TABLE_FORWARD``): IPv4 forwarding on the destination address. One candidate:
+  output. Several: by the policy's granularity, a select group (``switch``), a per source
+  entry (``pair``, ``PRIO_PAIR`` above a ``PRIO_DST`` fallback) or a send-to-controller that
+  packet-ins turn into exact ``PRIO_FLOW`` entries (``flow``).
+
+There is no table-miss entry in table 1: traffic nobody routed (ARP, IPv6, unknown
+addresses) is dropped, never flooded, so every packet counted is one the lab expected.
+Keeping this pure lets the unit tests check the tables for every granularity without
+a switch, and lets both runtimes share it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from controllers.policies import FlowKey, HashPolicy
+
+TABLE_WATCH = 0
+TABLE_FORWARD = 1
+
+PRIO_DEFAULT = 0          # table 0: everything continues to forwarding
+PRIO_DST = 10             # table 1: per destination host
+PRIO_PAIR = 20            # table 1: per (source, destination) host pair
+PRIO_FLOW = 30            # table 1: per 5-tuple, installed on packet-in
+PRIO_WATCH = 100          # table 0: per 5-tuple counter
+
+FLOW_IDLE_TIMEOUT = 30    # s: reactive entries expire with their flow
+
+ETH_TYPE_IPV4 = 0x0800
+PROTO_TCP, PROTO_UDP = 6, 17
+_L4_FIELDS = {PROTO_TCP: ("tcp_src", "tcp_dst"), PROTO_UDP: ("udp_src", "udp_dst")}
+
+#: OXM field name -> value, as both runtimes' ``OFPMatch(**fields)`` take them.
+MatchFields = tuple[tuple[str, int | str], ...]
+
+
+@dataclass(frozen=True)
+class Action:
+    """The single action of an entry: ``output`` a port, send to a ``group``, send to the
+    ``controller``, or ``goto`` a table."""
+
+    kind: str
+    arg: int = 0
+
+
+@dataclass(frozen=True)
+class FlowEntry:
+    table: int
+    priority: int
+    match: MatchFields
+    action: Action
+    cookie: int = 0
+    idle_timeout: int = 0
+
+    def match_dict(self) -> dict[str, int | str]:
+        return dict(self.match)
+
+
+@dataclass(frozen=True)
+class SelectGroup:
+    """One select group: a weight-1 bucket per port, each watching its own port."""
+
+    group_id: int
+    ports: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SwitchPlan:
+    groups: tuple[SelectGroup, ...]
+    flows: tuple[FlowEntry, ...]
+
+
+@dataclass(frozen=True)
+class Watch:
+    """A per-flow counter the lab asked for: this 5-tuple, counted under this cookie."""
+
+    cookie: int
+    key: FlowKey
+
+
+def flow_match(key: FlowKey) -> MatchFields:
+    """Exact match on a 5-tuple; ports only for TCP/UDP (others have none to match)."""
+    fields: list[tuple[str, int | str]] = [("eth_type", ETH_TYPE_IPV4), ("ip_proto", key.proto),
+                                           ("ipv4_src", key.src), ("ipv4_dst", key.dst)]
+    l4 = _L4_FIELDS.get(key.proto)
+    if l4 is not None:
+        fields += [(l4[0], key.sport), (l4[1], key.dport)]
+    return tuple(fields)
+
+
+def reactive_entry(key: FlowKey, port: int) -> FlowEntry:
+    """The exact entry a packet-in under a ``flow`` policy installs."""
+    return FlowEntry(TABLE_FORWARD, PRIO_FLOW, flow_match(key), Action("output", port),
+                     idle_timeout=FLOW_IDLE_TIMEOUT)
+
+
+def watch_entry(watch: Watch) -> FlowEntry:
+    return FlowEntry(TABLE_WATCH, PRIO_WATCH, flow_match(watch.key),
+                     Action("goto", TABLE_FORWARD), cookie=watch.cookie)
+
+
+def _dst(ip: str) -> MatchFields:
+    return (("eth_type", ETH_TYPE_IPV4), ("ipv4_dst", ip))
+
+
+def switch_plan(switch: str, routes: Mapping[str, Sequence[int]],
+                hosts: Sequence[Mapping[str, Any]], policy: HashPolicy) -> SwitchPlan:
+    """Groups and forwarding entries of ``switch`` (watch entries are added separately).
+
+    ``routes`` is this switch's {host name: sorted candidate ports}; ``hosts`` are
+    {name, ip} mappings. Deterministic: the same inputs give the same entries in the same
+    order and the same group ids, so two runs (and two runtimes) program identically.
+    """
+    flows = [FlowEntry(TABLE_WATCH, PRIO_DEFAULT, (), Action("goto", TABLE_FORWARD))]
+    multi = sorted({tuple(p) for p in routes.values() if len(p) > 1})
+    group_of = {ports: gid for gid, ports in enumerate(multi, start=1)}
+    groups: list[SelectGroup] = []
+    if policy.granularity == "switch":
+        groups = [SelectGroup(gid, ports) for ports, gid in group_of.items()]
+    by_name = sorted(hosts, key=lambda h: h["name"])
+    for host in by_name:
+        ports = tuple(routes.get(host["name"], ()))
+        if not ports:
+            continue                                  # unreachable: dropped, by design
+        ip = host["ip"]
+        if len(ports) == 1:
+            flows.append(FlowEntry(TABLE_FORWARD, PRIO_DST, _dst(ip), Action("output", ports[0])))
+        elif policy.granularity == "switch":
+            flows.append(FlowEntry(TABLE_FORWARD, PRIO_DST, _dst(ip),
+                                   Action("group", group_of[ports])))
+        elif policy.granularity == "pair":
+            for src in by_name:
+                if src["name"] == host["name"]:
+                    continue
+                port = policy.choose(FlowKey(src["ip"], ip, 0, 0, 0), switch, ports)
+                flows.append(FlowEntry(TABLE_FORWARD, PRIO_PAIR,
+                                       (("eth_type", ETH_TYPE_IPV4), ("ipv4_src", src["ip"]),
+                                        ("ipv4_dst", ip)), Action("output", port)))
+            flows.append(FlowEntry(TABLE_FORWARD, PRIO_DST, _dst(ip), Action("output", ports[0])))
+        elif policy.granularity == "flow":
+            flows.append(FlowEntry(TABLE_FORWARD, PRIO_DST, _dst(ip), Action("controller")))
+        else:
+            raise ValueError(f"policy {policy.name!r}: unknown granularity "
+                             f"{policy.granularity!r}")
+    return SwitchPlan(tuple(groups), tuple(flows))
+
+
+# -- the lab's watch requests --------------------------------------------------------------
+
+class RequestError(ValueError):
+    """A control request the controller refuses; the message says which field and why."""
+
+
+def _req_int(obj: Mapping[str, Any], key: str, where: str, lo: int, hi: int) -> int:
+    value = obj.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise RequestError(f"{where}.{key}: expected an integer in {lo}..{hi}, got {value!r}")
+    return value
+
+
+def _req_ip(obj: Mapping[str, Any], key: str, where: str) -> str:
+    value = obj.get(key)
+    try:
+        return str(ipaddress.IPv4Address(value))  # type: ignore[arg-type]
+    except (ipaddress.AddressValueError, ValueError, TypeError):
+        raise RequestError(f"{where}.{key}: expected a dotted IPv4 address, got {value!r}") \
+            from None
+
+
+def parse_watch(obj: Any, where: str = "flows[0]") -> Watch:
+    """One element of a ``watch`` request's ``flows``."""
+    if not isinstance(obj, Mapping):
+        raise RequestError(f"{where}: expected an object")
+    # Cookie 0 is what every forwarding entry carries: a counter under it would be lost.
+    cookie = _req_int(obj, "cookie", where, 1, 2**64 - 1)
+    proto = _req_int(obj, "proto", where, 0, 255)
+    sport = _req_int(obj, "sport", where, 0, 65535) if "sport" in obj else 0
+    dport = _req_int(obj, "dport", where, 0, 65535) if "dport" in obj else 0
+    if proto not in _L4_FIELDS:
+        sport = dport = 0                # not matched for protocols without ports
+    return Watch(cookie, FlowKey(_req_ip(obj, "src", where), _req_ip(obj, "dst", where),
+                                 proto, sport, dport))
