@@ -13,7 +13,7 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$REPO/.venv}"
 RYU_VENV="${RYU_VENV:-$REPO/.venv-ryu}"
 SYS_PY=/usr/bin/python3          # Debian's Python: Mininet from apt is built for it
-APT_PKGS=(mininet openvswitch-switch iperf3 python3-venv python3-pip iproute2 ethtool
+APT_PKGS=(mininet openvswitch-switch iperf3 iputils-ping python3-venv python3-pip iproute2 ethtool
           tcpdump nftables procps)
 
 say() { printf '[setup] %s\n' "$*"; }
