@@ -72,8 +72,8 @@ def runtime_version(runtime: str) -> str | None:
     if not os.access(py, os.X_OK):
         return None
     try:
-        out = subprocess.run([py, "-c", "import ryu; print(ryu.__version__)"],
-                             capture_output=True, text=True, timeout=20)
+        probe = "import importlib.metadata as m, ryu; print(m.version('ryu'))"
+        out = subprocess.run([py, "-c", probe], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

@@ -197,9 +197,10 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         runner.start_clients(duration)
         progress(f"[{plan.policy}] {len(plan.flows)} flows for {duration:g} s ...")
         runner.wait(timeout_s=duration + 15)
+        fabric.timings["traffic_s"] = time.monotonic() - sampler.t0 - t_start
         after = telemetry.snapshot(ports)
         t_end = time.monotonic() - sampler.t0
-        flows1 = {br: telemetry.flow_counters(br) for br in bridges}
+        flows1 = telemetry.settled_flow_counters(bridges)
         sampler.stop()
     finally:
         runner.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +16,17 @@ REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "lab.cli"]
 
 
+#: The only names the lab's topologies give switches and interfaces.
+LAB_NODE = re.compile(r"(spine|leaf|core|agg|edge)\d+")
+LAB_INTF = re.compile(r"(spine|leaf|core|agg|edge|h)\d+-eth\d+")
+
+
 def lab_leftovers() -> dict[str, list]:
     """Anything of FabricLab's that still exists on the machine."""
-    intfs = [i for i in os.listdir("/sys/class/net") if "-eth" in i]
+    intfs = [i for i in os.listdir("/sys/class/net") if LAB_INTF.fullmatch(i)]
     out = subprocess.run(["ovs-vsctl", "--timeout=5", "list-br"], capture_output=True,
                          text=True)
-    bridges = out.stdout.split()
+    bridges = [b for b in out.stdout.split() if LAB_NODE.fullmatch(b)]
     procs = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from controllers import policies
+from controllers.policies.base import FlowKey
 from lab.result import validate
 from tests.integration.support import check_links_agree_with_flows, run_result
 
@@ -12,6 +14,7 @@ POLICIES = ["ovs-select", "hash5", "hash-l3"]
 def test_run_each_policy(tmp_path, policy):
     r = run_result(tmp_path, "--policy", policy, "--duration", "4")
     assert validate(r) == []
+    assert r["fidelity"]["valid"], r["fidelity"]
     assert r["policy"] == policy and r["schema"] == 1
     assert r["environment"]["datapath"] in ("user", "kernel")
     assert r["metrics"]["pingall_loss_pct"] == 0
@@ -27,21 +30,35 @@ def test_run_each_policy(tmp_path, policy):
         expect = ln["tx_bytes"] * 8 / r["duration_s"] / (ln["bw_mbps"] * 1e6)
         assert ln["util_mean"] == pytest.approx(expect, abs=1e-3)
         assert ln["util_mean"] <= 1.05
+    if policy in ("hash5", "hash-l3"):
+        # The controller installs exactly what the policy decides, so the path the counters
+        # show must be the one the policy's choose() gives for the flow's 5-tuple.
+        pol = policies.get(policy)(seed=r["seed"])
+        port_peer = {ln["a_port"]: ln["b"] for ln in r["topology"]["links"]
+                     if ln["a"] == "leaf1" and ln["b"].startswith("spine")}
+        for f in r["flows"]:
+            key = FlowKey(f["src_ip"], f["dst_ip"], 6, f["sport"], f["dport"])
+            assert f["path"][1] == port_peer[pol.choose(key, "leaf1", sorted(port_peer))], f
     m = r["metrics"]
     assert sum(m["flows_per_uplink"].values()) == 8
     assert set(m["flows_per_uplink"]) == {"leaf1->spine1", "leaf1->spine2"}
-    assert m["expected_max_flows_per_uplink"] == pytest.approx(5.09375)
+    assert m["expected_max_flows_per_uplink"] == pytest.approx(5.09375, abs=1e-4)
     print(f"{policy}: flows/uplink {m['flows_per_uplink']} imbalance {m['imbalance']} "
           f"goodput {m['aggregate_goodput_bps'] / 1e6:.1f}/{m['offered_bps'] / 1e6:.1f} Mbit/s")
 
 
 @pytest.mark.parametrize("policy", ["hash5", "ovs-select"])
 def test_hashes_collide_over_seeds(tmp_path, policy):
-    """8 flows on 2 uplinks: a hash must put 5+ on one uplink in most runs (P = 0.73)."""
+    """8 flows on 2 uplinks: a hash puts 5+ on one uplink with P = 0.73 per run.
+
+Six seeds all balanced would happen with P = 0.27**6 < 0.001 for a fair hash; the seeds are
+fixed, so the outcome is deterministic for a given hash, not a flaky coin toss.
+"""
     runs = []
-    for seed in range(1, 6):
+    for seed in range(1, 7):
         r = run_result(tmp_path / str(seed), "--policy", policy, "--seed", str(seed),
                        "--duration", "3")
+        assert r["fidelity"]["valid"], r["fidelity"]
         m = r["metrics"]
         runs.append(m)
         print(f"{policy} seed {seed}: {m['flows_per_uplink']} imbalance {m['imbalance']} "
@@ -49,13 +66,12 @@ def test_hashes_collide_over_seeds(tmp_path, policy):
     unbalanced = [m for m in runs if m["unbalanced"]]
     assert unbalanced, "no collision in 5 seeds: the hash does not behave like a hash"
     assert not all(m["max_flows_per_uplink"] == 8 for m in runs), "every flow on one uplink"
-    # A collision congests: the hot uplink is saturated and the flows fall short of the offer.
+    # A collision congests: the uplink with more flows saturates and drops, and the flows
+    # fall short of what they offered.
     for m in unbalanced:
-        if m["max_flows_per_uplink"] >= 5:
-            hot = max(m["uplinks"], key=m["uplinks"].get)
-            assert m["uplinks"][hot] > 0.85, m
-            assert m["imbalance"] > 1.05, m
-            assert m["goodput_shortfall"] > 0.03, m
+        hot = max(m["flows_per_uplink"], key=m["flows_per_uplink"].get)
+        assert m["uplink_drops"][hot] > 0, m
+        assert m["goodput_shortfall"] > 0.03, m
 
 
 def test_hash_l3_polarises_one_host_pair(tmp_path):
