@@ -371,7 +371,7 @@ def controllers() -> Iterator[list[Controller]]:
     yield started
     for ctl in started:
         if ctl.proc.poll() is None:
-            os.killpg(ctl.proc.pid, signal.SIGKILL)
+            ctl.proc.kill()             # only the PID this test started
             ctl.proc.wait()
 
 
