@@ -24,7 +24,7 @@ from mininet.node import OVSSwitch
 
 from lab import environment, run, state
 from lab.controller import Controller
-from lab.fabric import LabControllerRef, controller_config, planned_names
+from lab.fabric import LabControllerRef, controller_config, ping_all, planned_names
 from lab.topologies import describe, make_topology
 
 CASES = {
@@ -35,8 +35,9 @@ CASES = {
 
 
 def reach_all(net: Mininet, timeout_s: float = 30.0) -> None:
+    """The same all-pairs check for both sides (the lab's parallel pingall)."""
     deadline = time.monotonic() + timeout_s
-    while net.pingAll(timeout="1") > 0:
+    while ping_all(net.hosts) > 0:
         if time.monotonic() > deadline:
             raise RuntimeError("hosts not reachable")
 

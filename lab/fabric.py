@@ -8,7 +8,7 @@ says every switch is programmed. Teardown removes exactly what the record lists.
 
 from __future__ import annotations
 
-import contextlib
+import subprocess
 import time
 from functools import partial
 from pathlib import Path
@@ -62,6 +62,25 @@ def controller_config(topo_desc: dict, policy: str, seed: int) -> dict[str, obje
                    "port": port} for h, sw, port in hosts],
         "links": fabric_links,
     }
+
+
+def ping_all(hosts: list, timeout_s: float = 1.0) -> float:
+    """All-pairs ping, every host at once; the loss in per cent.
+
+    Mininet's ``pingAll`` pings pair after pair (240 round trips through the shells for 16
+    hosts, most of a fat-tree's bring-up time); here each host pings all its peers in
+    parallel and the hosts run side by side.
+    """
+    procs = []
+    for h in hosts:
+        peers = " ".join(o.IP() for o in hosts if o is not h)
+        script = (f"for ip in {peers}; do (ping -c1 -W{timeout_s:g} -q $ip >/dev/null 2>&1 "
+                  f"&& echo ok || echo lost) & done; wait")
+        procs.append(h.popen(["sh", "-c", script], stdout=subprocess.PIPE))
+    results = [p.communicate()[0].decode().split() for p in procs]
+    total = sum(len(r) for r in results)
+    lost = sum(r.count("lost") for r in results)
+    return 100.0 * lost / total if total else 0.0
 
 
 class LabControllerRef(RemoteController):
@@ -135,7 +154,7 @@ class Fabric:
     def pingall(self, timeout_s: float = 1.0) -> float:
         """Every host pings every other once; returns the loss in per cent."""
         assert self.net is not None
-        return float(self.net.pingAll(timeout=str(timeout_s)))
+        return ping_all(self.net.hosts, timeout_s)
 
     def host(self, name: str):
         assert self.net is not None
@@ -143,14 +162,16 @@ class Fabric:
 
     # -- teardown ---------------------------------------------------------------------------
     def stop(self) -> dict[str, int]:
-        """Stop Mininet and the controller, then remove whatever the record still lists."""
+        """Stop the controller, then remove exactly what the record lists.
+
+        Not ``Mininet.stop()``: it deletes links one interface at a time through the nodes'
+        shells. The record already names every process, bridge and root-namespace veth, and
+        removing those in bulk (a host's veth goes with its namespace) is 2-3x faster.
+        """
         t0 = time.monotonic()
-        if self.net is not None:
-            with contextlib.suppress(Exception):
-                self.net.stop()
-            self.net = None
         if self.controller is not None:
             self.controller.stop()
         left = state.remove(self.record)
+        self.net = None
         self.timings["stop_s"] = time.monotonic() - t0
         return left

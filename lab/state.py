@@ -43,8 +43,15 @@ def proc_start_time(pid: int) -> int | None:
 
 
 def pid_alive(pid: int, start: int | None) -> bool:
-    now = proc_start_time(pid)
-    return now is not None and (start is None or now == start)
+    """Running (not a zombie) and, when ``start`` is given, the same process as recorded."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):      # dead, waiting to be reaped by its parent
+        return False
+    return start is None or int(fields[19]) == start
 
 
 @dataclass
@@ -136,12 +143,17 @@ def marked_pids(run_id: str) -> list[int]:
     return found
 
 
-def _kill(pids: list[tuple[int, int | None]], grace: float = 1.0) -> int:
-    """SIGTERM, then SIGKILL after ``grace`` seconds; only PIDs whose start time matches."""
+def _kill(pids: list[tuple[int, int | None]], grace: float = 1.0,
+          hard: frozenset[int] = frozenset()) -> int:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; only PIDs whose start time matches.
+
+    PIDs in ``hard`` get SIGKILL at once: Mininet's node shells are interactive bash,
+    which ignores SIGTERM, so waiting for them would only add the grace period.
+    """
     alive = [(p, s) for p, s in pids if pid_alive(p, s)]
     for pid, _ in alive:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGKILL if pid in hard else signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(pid_alive(p, s) for p, s in alive):
         time.sleep(0.05)
@@ -165,14 +177,19 @@ def existing_interfaces() -> set[str]:
 def remove(record: RunRecord) -> dict[str, int]:
     """Remove everything ``record`` lists that still exists; then the record itself."""
     pids = [(int(p["pid"]), p.get("start")) for p in record.pids]  # type: ignore[arg-type]
+    shells = frozenset(int(p["pid"]) for p in record.pids  # type: ignore[arg-type]
+                       if str(p.get("what", "")).startswith("shell "))
     pids += [(p, proc_start_time(p)) for p in marked_pids(record.run_id)]
-    killed = _kill(list(dict.fromkeys(pids)))
     bridges = sorted(set(record.bridges) & existing_bridges())
+    del_br = None
     if bridges:
-        cmd = ["ovs-vsctl", "--timeout=10"]
+        # ovs-vsctl waits until ovs-vswitchd has really removed them (~70 ms a bridge on the
+        # userspace datapath): let it run while the processes and veths go.
+        cmd = ["ovs-vsctl", "--timeout=20"]
         for br in bridges:
             cmd += ["--", "--if-exists", "del-br", br]
-        subprocess.run(cmd, check=False)
+        del_br = subprocess.Popen(cmd)
+    killed = _kill(list(dict.fromkeys(pids)), hard=shells)
     # Killing a host's shell frees its namespace and the veth ends inside it; switch-to-switch
     # veths live in the root namespace and go here.
     gone = existing_interfaces()
@@ -181,6 +198,8 @@ def remove(record: RunRecord) -> dict[str, int]:
         batch = "".join(f"link del {i}\n" for i in intfs)
         subprocess.run(["ip", "-force", "-batch", "-"], input=batch, text=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    if del_br is not None:
+        del_br.wait()
     for p in record.paths:
         shutil.rmtree(p, ignore_errors=True)
     record.path.unlink(missing_ok=True)
