@@ -26,19 +26,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 RUNTIMES = ("os-ken", "ryu")
 
 
-def _run_ok(cmd: list[str], timeout: float = 5.0) -> bool:
-    try:
-        return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=timeout).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def qdisc_available(kind_args: str) -> bool:
     """Can this kernel attach qdisc ``kind_args`` (e.g. ``netem delay 1ms``)?"""
     if not shutil.which("unshare") or not shutil.which("tc"):
         return False
-    return _run_ok(["unshare", "-n", "sh", "-c", f"tc qdisc add dev lo root {kind_args}"])
+    probe = f"tc qdisc add dev lo root {kind_args}"
+    return ovs_service.run_ok(["unshare", "-n", "sh", "-c", probe])
 
 
 def _read(path: str) -> str:

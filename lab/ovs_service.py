@@ -21,7 +21,8 @@ RUN_DIR = "/var/run/openvswitch"
 DB_SOCK = f"{RUN_DIR}/db.sock"
 
 
-def _ok(cmd: list[str], timeout: float = 5.0) -> bool:
+def run_ok(cmd: list[str], timeout: float = 5.0) -> bool:
+    """True when ``cmd`` exits 0 within ``timeout`` (its output is discarded)."""
     try:
         return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               timeout=timeout).returncode == 0
@@ -33,7 +34,7 @@ def kernel_module_present() -> bool:
     """True when the openvswitch kernel datapath is built in, loaded or loadable."""
     if os.path.isdir("/sys/module/openvswitch"):
         return True
-    if os.path.exists("/proc/modules") and _ok(["modprobe", "-q", "openvswitch"]):
+    if os.path.exists("/proc/modules") and run_ok(["modprobe", "-q", "openvswitch"]):
         return os.path.isdir("/sys/module/openvswitch")
     return False
 
@@ -44,11 +45,11 @@ def datapath() -> str:
 
 
 def db_running() -> bool:
-    return _ok(["ovs-vsctl", "--timeout=2", "show"])
+    return run_ok(["ovs-vsctl", "--timeout=2", "show"])
 
 
 def vswitchd_running() -> bool:
-    return _ok(["ovs-appctl", "--timeout=2", "-t", "ovs-vswitchd", "version"])
+    return run_ok(["ovs-appctl", "--timeout=2", "-t", "ovs-vswitchd", "version"])
 
 
 def running() -> bool:

@@ -89,6 +89,10 @@ def flow_entries(flows: list[FlowSpec], counters: dict[str, dict[int, tuple[int,
     return entries
 
 
+def _missing(obj: dict[str, Any], keys: tuple[str, ...], where: str) -> list[str]:
+    return [f"{where}.{key} missing" for key in keys if key not in obj]
+
+
 def validate(result: dict[str, Any]) -> list[str]:
     """Problems with ``result`` against schema 1 (empty list: valid)."""
     problems = []
@@ -97,28 +101,20 @@ def validate(result: dict[str, Any]) -> list[str]:
             problems.append(f"missing top-level key {key!r}")
     if result.get("schema") != SCHEMA_VERSION:
         problems.append(f"schema is {result.get('schema')!r}, expected {SCHEMA_VERSION}")
-    for key in ENV_KEYS:
-        if key not in result.get("environment", {}):
-            problems.append(f"environment.{key} missing")
+    problems += _missing(result.get("environment", {}), ENV_KEYS, "environment")
     topo = result.get("topology", {})
     for key in ("switches", "hosts", "links"):
         if not isinstance(topo.get(key), list):
             problems.append(f"topology.{key} missing or not a list")
     for i, link in enumerate(result.get("links", [])):
-        for key in LINK_KEYS:
-            if key not in link:
-                problems.append(f"links[{i}].{key} missing")
+        problems += _missing(link, LINK_KEYS, f"links[{i}]")
         series = link.get("series", {})
         if len(series.get("t", [])) != len(series.get("tx_bps", [])):
             problems.append(f"links[{i}].series t and tx_bps differ in length")
     for i, flow in enumerate(result.get("flows", [])):
-        for key in FLOW_KEYS:
-            if key not in flow:
-                problems.append(f"flows[{i}].{key} missing")
-    fid = result.get("fidelity", {})
-    for key in ("cpu_idle_min_pct", "valid", "notes"):
-        if key not in fid:
-            problems.append(f"fidelity.{key} missing")
+        problems += _missing(flow, FLOW_KEYS, f"flows[{i}]")
+    problems += _missing(result.get("fidelity", {}), ("cpu_idle_min_pct", "valid", "notes"),
+                         "fidelity")
     if not isinstance(result.get("metrics"), dict):
         problems.append("metrics missing or not a mapping")
     return problems

@@ -219,7 +219,7 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         "flows": flow_entries(plan.flows, counters, plan.topo_desc),
     }
     result["metrics"] = plan.kind.analyse(result, plan.params)
-    idle = [round(x, 1) for x in sampler.cpu_idle_pct]
+    idle = [round(x, 1) for x in sampler.cpu_idle_pct(t_start, t_end)]
     notes = list(plan.env.notes)
     idle_min = min(idle, default=100.0)
     valid = idle_min >= MIN_CPU_IDLE_PCT

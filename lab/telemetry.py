@@ -93,7 +93,8 @@ class Sampler(threading.Thread):
         self.ports = ports
         self.period = 1.0 / hz
         self.series: dict[Port, Series] = {p: Series() for p in ports}
-        self.cpu_idle_pct: list[float] = []
+        #: (time since t0, idle jiffies, total jiffies) at every sample.
+        self.cpu: list[tuple[float, int, int]] = []
         self._stop_evt = threading.Event()
         self.t0 = 0.0
 
@@ -101,7 +102,7 @@ class Sampler(threading.Thread):
         self.t0 = time.monotonic()
         prev = snapshot(self.ports)
         prev_t = self.t0
-        cpu_prev, cpu_prev_t = cpu_times(), self.t0
+        self.cpu.append((0.0, *cpu_times()))
         next_t = self.t0 + self.period
         while not self._stop_evt.is_set():
             delay = next_t - time.monotonic()
@@ -117,13 +118,28 @@ class Sampler(threading.Thread):
                 s.tx_bps.append((cur[p].tx_bytes - prev[p].tx_bytes) * 8 / dt)
                 s.queue_bytes.append(cur[p].backlog_bytes)
             prev, prev_t = cur, now
-            if now - cpu_prev_t >= 1.0:
-                cpu_now = cpu_times()
-                d_idle = cpu_now[0] - cpu_prev[0]
-                d_total = cpu_now[1] - cpu_prev[1]
-                if d_total > 0:
-                    self.cpu_idle_pct.append(100.0 * d_idle / d_total)
-                cpu_prev, cpu_prev_t = cpu_now, now
+            self.cpu.append((now - self.t0, *cpu_times()))
+
+    def cpu_idle_pct(self, t_from: float, t_to: float, window_s: float = 1.0) -> list[float]:
+        """Idle CPU (all cores) in consecutive ``window_s`` windows between two sample times.
+
+        Windows start at ``t_from`` (the traffic phase), so the lab's own set-up before it
+        does not count against the emulation; a final partial window shorter than half a
+        window is dropped as too noisy.
+        """
+        out = []
+        pts = [c for c in self.cpu if t_from - self.period <= c[0] <= t_to + self.period]
+        i = 0
+        while i < len(pts) - 1:
+            j = i
+            while j < len(pts) - 1 and pts[j][0] - pts[i][0] < window_s:
+                j += 1
+            span = pts[j][0] - pts[i][0]
+            total = pts[j][2] - pts[i][2]
+            if span >= window_s / 2 and total > 0:
+                out.append(100.0 * (pts[j][1] - pts[i][1]) / total)
+            i = j
+        return out
 
     def stop(self) -> None:
         self._stop_evt.set()

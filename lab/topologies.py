@@ -54,6 +54,14 @@ def _check_rate(field: str, value: object) -> float:
     return float(value)
 
 
+def _check_links(host_bw: object, fabric_bw: object,
+                 queue_bytes: object) -> tuple[float, float, int]:
+    """The link parameters every fabric shares, checked."""
+    return (_check_rate("topology.host_bw", host_bw),
+            _check_rate("topology.fabric_bw", fabric_bw),
+            _check_int("topology.queue_bytes", queue_bytes, 3000, 64_000_000))
+
+
 class FabricTopo(Topo):
     """Common bookkeeping: tiers, host addresses, link rates, oversubscription."""
 
@@ -103,9 +111,7 @@ class LeafSpine(FabricTopo):
         if leaves * hosts_per_leaf > MAX_HOSTS:
             raise TopologyError("topology", f"{leaves * hosts_per_leaf} hosts is more than "
                                 f"this lab builds ({MAX_HOSTS})")
-        host_bw = _check_rate("topology.host_bw", host_bw)
-        fabric_bw = _check_rate("topology.fabric_bw", fabric_bw)
-        queue_bytes = _check_int("topology.queue_bytes", queue_bytes, 3000, 64_000_000)
+        host_bw, fabric_bw, queue_bytes = _check_links(host_bw, fabric_bw, queue_bytes)
         self.params = {"spines": spines, "leaves": leaves, "hosts_per_leaf": hosts_per_leaf,
                        "host_bw": host_bw, "fabric_bw": fabric_bw, "queue_bytes": queue_bytes}
         self.oversubscription = hosts_per_leaf * host_bw / (spines * fabric_bw)
@@ -140,9 +146,7 @@ class FatTree(FabricTopo):
         if k ** 3 // 4 > MAX_HOSTS:
             raise TopologyError("topology.k", f"k={k} gives {k ** 3 // 4} hosts, more than "
                                 f"this lab builds ({MAX_HOSTS})")
-        host_bw = _check_rate("topology.host_bw", host_bw)
-        fabric_bw = _check_rate("topology.fabric_bw", fabric_bw)
-        queue_bytes = _check_int("topology.queue_bytes", queue_bytes, 3000, 64_000_000)
+        host_bw, fabric_bw, queue_bytes = _check_links(host_bw, fabric_bw, queue_bytes)
         self.params = {"k": k, "host_bw": host_bw, "fabric_bw": fabric_bw,
                        "queue_bytes": queue_bytes}
         half = k // 2
