@@ -95,6 +95,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
               f"policy {args.policy}, controller {runtime})")
         if args.cli:
             from mininet.cli import CLI
+            from mininet.log import setLogLevel
+            setLogLevel("output")          # the CLI prints its answers at this level
             CLI(fabric.net)
         else:
             print(f"pingall loss {fabric.pingall():.0f}%")

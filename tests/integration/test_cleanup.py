@@ -69,6 +69,14 @@ def test_sigterm_tears_down_without_clean(tmp_path):
     assert not any(lab_leftovers().values())
 
 
+def test_ctrl_c_tears_down_without_clean(tmp_path):
+    proc = start_run("--duration", "30", "--out", str(tmp_path / "int"))
+    wait_for_line(proc, "flows for")
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 130
+    assert not any(lab_leftovers().values())
+
+
 def test_clean_leaves_a_foreign_bridge_alone():
     """A bridge the lab did not create survives `fabriclab clean` and blocks nothing."""
     name = "fl-foreign0"

@@ -24,3 +24,13 @@ def test_topo_fattree_comes_up_reachable():
     out = fabriclab("topo", "fattree", "--k", "4", "--policy", "hash5").stdout
     assert "20 switches, 16 hosts" in out
     assert "pingall loss 0%" in out
+
+
+def test_topo_cli_runs_mininet_commands_on_the_lab_network():
+    import subprocess
+
+    from tests.integration.support import CLI, REPO
+    r = subprocess.run([*CLI, "topo", "leafspine", "--cli"], input="pingall\nexit\n",
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "*** Results: 0% dropped (56/56 received)" in r.stdout + r.stderr
