@@ -34,11 +34,19 @@ class Switch:
 
 @dataclass(frozen=True)
 class Host:
+    """A host, or a router's fabric-facing interface (``gateway``).
+
+    A gateway also receives traffic for addresses outside the fabric: hosts send it to the
+    gateway's MAC (their next hop), so the fabric forwards frames addressed to that MAC
+    towards the gateway, whatever their destination IP.
+    """
+
     name: str
     ip: str
     mac: str
     switch: str
     port: int
+    gateway: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,15 @@ def _ipv4(value: Any, where: str) -> str:
         raise ConfigError(f"{where}: {value!r} is not a dotted IPv4 address") from None
 
 
+def _mac(value: Any, where: str) -> str:
+    text = _str(value, where).lower()
+    parts = text.split(":")
+    if len(parts) != 6 or not all(len(p) == 2 and all(ch in "0123456789abcdef" for ch in p)
+                                  for p in parts):
+        raise ConfigError(f"{where}: {value!r} is not a MAC address like 00:00:00:00:00:01")
+    return text
+
+
 def _list(obj: dict[str, Any], key: str) -> list[dict[str, Any]]:
     items = _get(obj, key, "config")
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
@@ -133,10 +150,13 @@ def parse(raw: Any) -> Config:
     for i, h in enumerate(_list(raw, "hosts")):
         w = f"hosts[{i}]"
         sw = _str(_get(h, "switch", w), f"{w}.switch")
+        gateway = h.get("gateway", False)
+        if not isinstance(gateway, bool):
+            raise ConfigError(f"{w}.gateway: expected true or false, got {gateway!r}")
         hosts.append(Host(_str(_get(h, "name", w), f"{w}.name"),
                           _ipv4(_get(h, "ip", w), f"{w}.ip"),
-                          _str(_get(h, "mac", w), f"{w}.mac"), sw,
-                          port_of(sw, _get(h, "port", w), f"{w}.port")))
+                          _mac(_get(h, "mac", w), f"{w}.mac"), sw,
+                          port_of(sw, _get(h, "port", w), f"{w}.port"), gateway))
     if len({h.ip for h in hosts}) != len(hosts):
         raise ConfigError("hosts: duplicate IP address")
     links = []

@@ -83,6 +83,11 @@ def flow_key_of(data: bytes) -> FlowKey | None:
     return FlowKey(ip.src, ip.dst, ip.proto, sport, dport)
 
 
+def frame_dst_mac(data: bytes) -> str:
+    """Destination MAC of an Ethernet frame, as ``00:00:00:00:00:01``."""
+    return ":".join(f"{b:02x}" for b in data[:6])
+
+
 class FabricApp(BaseApp):
     """Programs every configured switch and answers the lab on the control socket."""
 
@@ -98,6 +103,7 @@ class FabricApp(BaseApp):
                       for sw in self.routes}
         self.by_dpid = self.cfg.switch_by_dpid()
         self.host_by_ip = {h.ip: h for h in self.cfg.hosts}
+        self.gateway_by_mac = {h.mac: h for h in self.cfg.hosts if h.gateway}
         self._lock = hub.Semaphore(1)
         self._switches: dict[str, _Switch] = {}
         self._pending: dict[tuple[Any, int], _Pending] = {}
@@ -212,14 +218,27 @@ class FabricApp(BaseApp):
         key = flow_key_of(msg.data)
         with self._lock:
             sw = self._current(dp)
-        if sw is None or key is None or self.policy.granularity != "flow":
+        if sw is None or key is None or self.policy.granularity == "switch":
             return
         host = self.host_by_ip.get(key.dst)
-        ports = self.routes[sw.name].get(host.name, []) if host else []
+        gateway = None
+        if host is None:                      # off-fabric: towards the gateway it is sent to
+            gateway = self.gateway_by_mac.get(frame_dst_mac(msg.data))
+        elif self.policy.granularity != "flow":
+            return                            # pair policies route hosts proactively
+        target = host or gateway
+        ports = self.routes[sw.name].get(target.name, []) if target else []
         if not ports:
             return                            # not ours to route: dropped
-        port = ports[0] if len(ports) == 1 else self.policy.choose(key, sw.name, ports)
-        entry: FlowEntry = plan.reactive_entry(key, port)
+        entry: FlowEntry
+        if self.policy.granularity == "pair":
+            assert gateway is not None
+            pair = FlowKey(key.src, key.dst, 0, 0, 0)
+            port = ports[0] if len(ports) == 1 else self.policy.choose(pair, sw.name, ports)
+            entry = plan.reactive_pair_entry(key.src, key.dst, gateway.mac, port)
+        else:
+            port = ports[0] if len(ports) == 1 else self.policy.choose(key, sw.name, ports)
+            entry = plan.reactive_entry(key, port)
         with self._lock:
             if self._switches.get(sw.name) is not sw:
                 return

@@ -29,6 +29,7 @@ TABLE_WATCH = 0
 TABLE_FORWARD = 1
 
 PRIO_DEFAULT = 0          # table 0: everything continues to forwarding
+PRIO_GATEWAY = 5          # table 1: frames for a gateway's MAC (off-fabric destinations)
 PRIO_DST = 10             # table 1: per destination host
 PRIO_PAIR = 20            # table 1: per (source, destination) host pair
 PRIO_FLOW = 30            # table 1: per 5-tuple, installed on packet-in
@@ -113,6 +114,34 @@ def _dst(ip: str) -> MatchFields:
     return (("eth_type", ETH_TYPE_IPV4), ("ipv4_dst", ip))
 
 
+def _via(mac: str) -> MatchFields:
+    return (("eth_type", ETH_TYPE_IPV4), ("eth_dst", mac))
+
+
+def reactive_pair_entry(src: str, dst: str, gateway_mac: str, port: int) -> FlowEntry:
+    """A ``pair`` policy's entry for an off-fabric destination, installed on packet-in.
+
+    Proactive pair entries need the destination address in advance; addresses behind a
+    gateway are only known when their first packet arrives.
+    """
+    return FlowEntry(TABLE_FORWARD, PRIO_PAIR,
+                     (("eth_type", ETH_TYPE_IPV4), ("eth_dst", gateway_mac),
+                      ("ipv4_src", src), ("ipv4_dst", dst)),
+                     Action("output", port), idle_timeout=FLOW_IDLE_TIMEOUT)
+
+
+def _gateway_entry(host: Mapping[str, Any], ports: tuple[int, ...],
+                   group_of: Mapping[tuple[int, ...], int], policy: HashPolicy) -> FlowEntry:
+    """Frames addressed to a gateway's MAC, by the policy's granularity."""
+    match = _via(host["mac"])
+    if len(ports) == 1:
+        return FlowEntry(TABLE_FORWARD, PRIO_GATEWAY, match, Action("output", ports[0]))
+    if policy.granularity == "switch":
+        return FlowEntry(TABLE_FORWARD, PRIO_GATEWAY, match, Action("group", group_of[ports]))
+    # pair and flow: decided per destination or per 5-tuple when the first packet arrives
+    return FlowEntry(TABLE_FORWARD, PRIO_GATEWAY, match, Action("controller"))
+
+
 def switch_plan(switch: str, routes: Mapping[str, Sequence[int]],
                 hosts: Sequence[Mapping[str, Any]], policy: HashPolicy) -> SwitchPlan:
     """Groups and forwarding entries of ``switch`` (watch entries are added separately).
@@ -152,6 +181,8 @@ def switch_plan(switch: str, routes: Mapping[str, Sequence[int]],
         else:
             raise ValueError(f"policy {policy.name!r}: unknown granularity "
                              f"{policy.granularity!r}")
+        if host.get("gateway"):
+            flows.append(_gateway_entry(host, ports, group_of, policy))
     return SwitchPlan(tuple(groups), tuple(flows))
 
 

@@ -41,8 +41,13 @@ def planned_names(topo: FabricTopo) -> tuple[list[str], list[str]]:
     return bridges, intfs
 
 
-def controller_config(topo_desc: dict, policy: str, seed: int) -> dict[str, object]:
-    """What the controller needs to program L3 ECMP forwarding: no guessing on its side."""
+def controller_config(topo_desc: dict, policy: str, seed: int,
+                      gateways: frozenset[str] = frozenset()) -> dict[str, object]:
+    """What the controller needs to program L3 ECMP forwarding: no guessing on its side.
+
+    ``gateways`` are hosts that route for addresses outside the fabric (a router's
+    fabric-facing interface): frames sent to their MAC are forwarded to them.
+    """
     switch_names = {s["name"] for s in topo_desc["switches"]}
     hosts = []
     fabric_links = []
@@ -59,7 +64,7 @@ def controller_config(topo_desc: dict, policy: str, seed: int) -> dict[str, obje
         "policy": policy, "seed": seed,
         "switches": [{"name": s["name"], "dpid": s["dpid"]} for s in topo_desc["switches"]],
         "hosts": [{"name": h, "ip": by_name[h]["ip"], "mac": by_name[h]["mac"], "switch": sw,
-                   "port": port} for h, sw, port in hosts],
+                   "port": port, "gateway": h in gateways} for h, sw, port in hosts],
         "links": fabric_links,
     }
 
@@ -107,6 +112,8 @@ class Fabric:
         self.net: Mininet | None = None
         self.controller: Controller | None = None
         self.timings: dict[str, float] = {}
+        #: Hosts that route for off-fabric addresses (set before ``start``).
+        self.gateways: frozenset[str] = frozenset()
 
     # -- bring-up ---------------------------------------------------------------------------
     def check_free(self) -> None:
@@ -126,8 +133,9 @@ class Fabric:
         self.record.bridges = bridges
         self.record.interfaces = intfs
         self.record.save()
-        self.controller = Controller(self.runtime, controller_config(self.desc, self.policy,
-                                                                     self.seed),
+        self.controller = Controller(self.runtime,
+                                     controller_config(self.desc, self.policy, self.seed,
+                                                       self.gateways),
                                      self.run_dir, self.record)
         self.controller.start()
         self.timings["controller_s"] = time.monotonic() - t0
