@@ -14,7 +14,7 @@ VENV="${VENV:-$REPO/.venv}"
 RYU_VENV="${RYU_VENV:-$REPO/.venv-ryu}"
 SYS_PY=/usr/bin/python3          # Debian's Python: Mininet from apt is built for it
 APT_PKGS=(mininet openvswitch-switch iperf3 iputils-ping python3-venv python3-pip iproute2 ethtool
-          tcpdump nftables procps)
+          tcpdump nftables procps frr)
 
 say() { printf '[setup] %s\n' "$*"; }
 
