@@ -13,6 +13,7 @@ setup(
     install_requires=[
         "os-ken>=4.2",      # maintained Ryu fork; Ryu 4.34 lives in its own venv (lab/setup.sh)
         "PyYAML>=6.0",
+        "scapy>=2.5",       # 5-tuple traceroute probes (lab/probe.py)
     ],
     extras_require={"dev": ["pytest>=8", "ruff>=0.6"]},
     entry_points={"console_scripts": ["fabriclab = lab.cli:main"]},
