@@ -82,8 +82,9 @@ def test_probe_path_matches_the_links_counters():
         try:
             seen = {}
             for sport in SPORTS:
-                out = src.cmd(f"timeout 20 {sys.executable} -m lab.probe --proto tcp --src 10.1.0.1 "
-                              f"--dst 10.2.0.1 --sport {sport} --dport 5201 --max-ttl 4")
+                out = src.cmd(f"timeout 20 {sys.executable} -m lab.probe --proto tcp "
+                              f"--src 10.1.0.1 --dst 10.2.0.1 --sport {sport} --dport 5201 "
+                              "--max-ttl 4")
                 hops = json.loads(out.strip().splitlines()[-1])["hops"]
                 assert [h["ttl"] for h in hops[:2]] == [1, 2], hops
                 probed = LINK_OF_HOP[hops[1]["from"]]
