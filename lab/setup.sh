@@ -23,13 +23,6 @@ if [ "$(id -u)" != 0 ]; then
     exit 2
 fi
 
-kernel_has_ovs() {
-    # Built in, already loaded, or loadable: the kernel datapath can be used.
-    [ -d /sys/module/openvswitch ] && return 0
-    [ -e /proc/modules ] && modprobe -q openvswitch 2>/dev/null && return 0
-    return 1
-}
-
 # --- 1. Debian packages --------------------------------------------------------------------
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -38,8 +31,10 @@ done
 if [ "${#missing[@]}" -gt 0 ]; then
     say "installing: ${missing[*]}"
     our_policy=""
-    if ! kernel_has_ovs && [ ! -e /usr/sbin/policy-rc.d ]; then
-        # No OVS kernel module: stop the package's init script from trying to load it.
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        # Keep packages from starting services: OVS's init script would try to load a kernel
+        # module this kernel may not have, and FRR's would start daemons in the root
+        # namespace. The lab starts OVS itself and runs FRR only inside its routers.
         printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
         chmod +x /usr/sbin/policy-rc.d
         our_policy=1
@@ -49,6 +44,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
     [ -n "$our_policy" ] && rm -f /usr/sbin/policy-rc.d
 else
     say "Debian packages present"
+fi
+
+# A system FRR service (where systemd enables it) would run routing daemons in the root
+# namespace; the lab's routers run their own.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled frr >/dev/null 2>&1; then
+    systemctl disable --now frr || true
 fi
 
 # --- 2. TCP congestion controls usable inside namespaces -----------------------------------
