@@ -16,9 +16,10 @@ REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "lab.cli"]
 
 
-#: The only names the lab's topologies give switches and interfaces.
-LAB_NODE = re.compile(r"(spine|leaf|core|agg|edge)\d+")
-LAB_INTF = re.compile(r"(spine|leaf|core|agg|edge|h)\d+-eth\d+")
+#: The names the lab and its tests give switches, routers, hosts and their interfaces.
+LAB_NODE = re.compile(r"(spine|leaf|core|agg|edge|psw)\d+")
+LAB_INTF = re.compile(r"(spine|leaf|core|agg|edge|psw|h|r|src|dst|border|isp|cdn|anchor|"
+                      r"viewer|dc)\d+-eth\d+")
 
 
 def lab_leftovers() -> dict[str, list]:
