@@ -103,6 +103,13 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from lab import diagnose
+    report = diagnose.diagnose(diagnose.load_result(args.result))
+    print(json.dumps(report, indent=1) if args.json else diagnose.render(report))
+    return 0
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from lab import environment
     env = environment.detect(probe_runtimes=False)
@@ -167,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--controller", choices=("os-ken", "ryu"))
     t.add_argument("--cli", action="store_true", help="open Mininet's CLI on the fabric")
     t.set_defaults(func=_cmd_topo)
+
+    g = sub.add_parser("diagnose", help="per-flow view of a run: links crossed, where bytes "
+                                        "were lost, the congested link")
+    g.add_argument("result", help="a run directory or its result.json")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=_cmd_diagnose)
 
     d = sub.add_parser("doctor", help="what this kernel offers and what the lab will use")
     d.add_argument("--json", action="store_true")

@@ -39,7 +39,7 @@ def link_entries(ports: list[Port], before: dict[Port, PortSnapshot],
         bps = [round(s.tx_bps[i]) for i in idx]
         entries.append({
             "node": p.node, "port": p.port, "peer": p.peer, "intf": p.intf,
-            "bw_mbps": p.bw_mbps, "tx_bytes": tx_bytes,
+            "up": b.up and a.up, "bw_mbps": p.bw_mbps, "tx_bytes": tx_bytes,
             "tx_packets": a.tx_packets - b.tx_packets,
             "drops": (a.qdisc_drops - b.qdisc_drops) + (a.tx_dropped - b.tx_dropped),
             "util_mean": round(tx_bytes * 8 / duration_s / cap, 4) if duration_s else 0.0,

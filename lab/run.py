@@ -198,7 +198,7 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         progress(f"[{plan.policy}] {len(plan.flows)} flows for {duration:g} s ...")
         runner.wait(timeout_s=duration + 15)
         fabric.timings["traffic_s"] = time.monotonic() - sampler.t0 - t_start
-        after = telemetry.snapshot(ports)
+        after = telemetry.drained_snapshot(ports)
         t_end = time.monotonic() - sampler.t0
         flows1 = telemetry.settled_flow_counters(bridges)
         sampler.stop()

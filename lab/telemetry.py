@@ -35,6 +35,7 @@ class PortSnapshot:
     tx_dropped: int
     qdisc_drops: int
     backlog_bytes: int
+    up: bool = True
 
 
 def read_counter(intf: str, name: str) -> int:
@@ -43,6 +44,14 @@ def read_counter(intf: str, name: str) -> int:
             return int(f.read())
     except (OSError, ValueError):
         return 0
+
+
+def operstate(intf: str) -> str:
+    try:
+        with open(f"/sys/class/net/{intf}/operstate") as f:
+            return f.read().strip()
+    except OSError:
+        return "absent"
 
 
 def qdisc_stats() -> dict[str, tuple[int, int]]:
@@ -66,8 +75,30 @@ def snapshot(ports: list[Port]) -> dict[Port, PortSnapshot]:
         drops, backlog = q.get(p.intf, (0, 0))
         snap[p] = PortSnapshot(read_counter(p.intf, "tx_bytes"),
                                read_counter(p.intf, "tx_packets"),
-                               read_counter(p.intf, "tx_dropped"), drops, backlog)
+                               read_counter(p.intf, "tx_dropped"), drops, backlog,
+                               operstate(p.intf) == "up")
     return snap
+
+
+def drained_snapshot(ports: list[Port], timeout_s: float = 3.0,
+                     poll_s: float = 0.05) -> dict[Port, PortSnapshot]:
+    """A snapshot once every queue is empty and no port is sending any more.
+
+    Senders stop when their last byte is handed to the network, not when it arrives; bytes
+    still queued at that moment were counted where they entered the fabric but not yet on
+    the links (measured: up to a queue's worth, 120 kB, per port). Waiting for the queues
+    to drain makes the link and flow counters describe the same packets.
+    """
+    prev = snapshot(ports)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(poll_s)
+        cur = snapshot(ports)
+        if all(c.backlog_bytes == 0 and c.tx_bytes == prev[p].tx_bytes
+               for p, c in cur.items()):
+            return cur
+        prev = cur
+    return prev
 
 
 def cpu_times() -> tuple[int, int]:

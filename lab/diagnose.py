@@ -1,0 +1,125 @@
+"""Per-flow end-to-end view of a run: which links each flow crossed and where it lost bytes.
+
+"Every link is up" says nothing about a flow. Each switch on a flow's path counted that
+flow's bytes, so the bytes one switch counted and the next one did not are the flow's loss
+on the link between them. Summed over flows, that points at the congested link; the link's
+own queue drop counter confirms it. This is the lesson of the live-streaming incident:
+monitor service per flow, not devices.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from lab.errors import ScenarioError
+
+
+def load_result(path: str | Path) -> dict[str, Any]:
+    """A result.json, given the file or its run directory."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "result.json"
+    try:
+        return json.loads(p.read_text())
+    except OSError as exc:
+        raise ScenarioError("result", f"{p}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ScenarioError("result", f"{p}: not a result.json ({exc})") from None
+
+
+def flow_losses(flow: dict[str, Any]) -> dict[str, int]:
+    """{"a->b": bytes this flow lost on that link} along its (data-direction) path."""
+    hops = flow.get("hop_bytes", {})
+    return {f"{a}->{b}": max(0, hops.get(a, 0) - hops.get(b, 0))
+            for a, b in pairwise(flow.get("path", []))}
+
+
+def link_balance(result: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per switch-to-switch link: bytes its flows brought to the sending switch, bytes the
+    port sent, bytes the receiving switch counted.
+
+    entered - sent is lost at the sending port (its queue: a configured drop); sent -
+    arrived never reached the next switch's pipeline although it left on the wire: loss
+    inside the emulator's datapath, which the lab must not pass off as network behaviour.
+    """
+    sent = {(ln["node"], ln["peer"]): ln["tx_bytes"] for ln in result["links"]}
+    out: dict[str, dict[str, int]] = {}
+    for f in result["flows"]:
+        for path, hops in ((f.get("path", []), f.get("hop_bytes", {})),
+                           (f.get("reverse_path", []), f.get("reverse_hop_bytes", {}))):
+            for a, b in pairwise(path):
+                e = out.setdefault(f"{a}->{b}", {"entered": 0, "sent": sent.get((a, b), 0),
+                                                 "arrived": 0})
+                e["entered"] += hops.get(a, 0)
+                e["arrived"] += hops.get(b, 0)
+    for e in out.values():
+        e["lost_at_port"] = max(0, e["entered"] - e["sent"])
+        e["lost_in_datapath"] = max(0, e["sent"] - e["arrived"])
+    return out
+
+
+def diagnose(result: dict[str, Any]) -> dict[str, Any]:
+    """Flows with their links and losses, links ranked by the loss flows saw on them."""
+    if result.get("schema") != 1:
+        raise ScenarioError("result", f"schema {result.get('schema')!r} is not 1")
+    drops = {f"{ln['node']}->{ln['peer']}": ln["drops"] for ln in result["links"]}
+    util = {f"{ln['node']}->{ln['peer']}": ln["util_mean"] for ln in result["links"]}
+    balance = link_balance(result)
+    per_link: dict[str, dict[str, Any]] = {}
+    flows = []
+    for f in result["flows"]:
+        losses = flow_losses(f)
+        for link, lost in losses.items():
+            entry = per_link.setdefault(link, {"lost_bytes": 0, "flows": []})
+            entry["lost_bytes"] += lost
+            entry["flows"].append(f["id"])
+        worst = max(losses, key=losses.get, default=None)
+        flows.append({"id": f["id"], "src": f["src"], "dst": f["dst"], "path": f["path"],
+                      "links": list(losses), "lost_bytes": sum(losses.values()),
+                      "loss": f.get("loss", 0.0), "lost_on": worst if worst and
+                      losses[worst] > 0 else None,
+                      "goodput_bps": f.get("goodput_bps", 0.0),
+                      "retransmits": f.get("retransmits", 0)})
+    links = sorted(({"link": name, "lost_bytes": v["lost_bytes"], "flows": v["flows"],
+                     "queue_drops": drops.get(name, 0), "util_mean": util.get(name, 0.0),
+                     **balance.get(name, {})}
+                    for name, v in per_link.items()),
+                   key=lambda x: (-x.get("lost_at_port", 0), -x["queue_drops"]))
+    congested = links[0]["link"] if links and links[0].get("lost_at_port", 0) > 0 else None
+    up = sum(1 for ln in result["links"] if ln.get("up", True))
+    return {"scenario": result.get("scenario"), "policy": result.get("policy"),
+            "links": len(result["links"]), "links_up": up, "congested_link": congested,
+            "ranked": links, "flows": flows}
+
+
+def render(report: dict[str, Any]) -> str:
+    """The operator's view, as text."""
+    lines = [f"{report['scenario']} policy={report['policy']}: {report['links_up']} of "
+             f"{report['links']} switch ports up"]
+    if report["congested_link"]:
+        top = report["ranked"][0]
+        lines.append(f"congested link: {top['link']} - its flows lost {top['lost_at_port']} B "
+                     f"at the port, whose queue dropped {top['queue_drops']} packets; util "
+                     f"{top['util_mean'] * 100:.0f}%, carrying {', '.join(top['flows'])}")
+    else:
+        lines.append("no flow lost bytes at a fabric port")
+    emu = [(x["link"], x["lost_in_datapath"]) for x in report["ranked"]
+           if x.get("lost_in_datapath", 0) > 0.005 * max(x.get("sent", 0), 1)]
+    for x in report["ranked"]:
+        if x.get("lost_at_port", 0) > 0.005 * max(x.get("entered", 0), 1) \
+                and x["queue_drops"] == 0:
+            lines.append(f"unexplained loss: {x['lost_at_port']} B entered the switch for "
+                         f"{x['link']} but never left, with no queue drop (datapath)")
+    for link, lost in emu:
+        lines.append(f"emulator loss: {lost} B left {link} on the wire but were not counted "
+                     "by the next switch (datapath, not a configured drop)")
+    lines.append(f"{'flow':6s} {'src->dst':12s} {'path':28s} {'lost B':>9s} {'lost on':16s} "
+                 f"{'goodput':>10s} {'retx':>6s}")
+    for f in report["flows"]:
+        lines.append(f"{f['id']:6s} {f['src'] + '->' + f['dst']:12s} {'-'.join(f['path']):28s} "
+                     f"{f['lost_bytes']:9d} {f['lost_on'] or '-':16s} "
+                     f"{f['goodput_bps'] / 1e6:8.1f} M {f['retransmits']:6d}")
+    return "\n".join(lines)
