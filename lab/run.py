@@ -249,8 +249,11 @@ def unexplained_loss(result: dict[str, Any], min_share: float = 0.005,
     Below ``floor_bytes`` it is noise: the iperf3 control connections are not watched, so
     their few kB show up as sent but never counted.
 
-    Such loss is the emulator's, not the network's. Measured under congestion on the
-    userspace datapath: up to 1-2% of a port's bytes, so it is reported in ``fidelity``.
+    Such loss is the emulator's, not the network's. On the userspace datapath OVS sends on
+    every port through one shared AF_PACKET socket and drops the rest of a batch when one
+    send fails (a queue drop, or the shared send buffer full of queued packets), uncounted.
+    Measured under congestion: up to 1-2% of a port's bytes, on congested and neighbouring
+    ports alike, so it is reported in ``fidelity``.
     """
     from lab.diagnose import link_balance
     drops = {f"{ln['node']}->{ln['peer']}": ln["drops"] for ln in result["links"]}
