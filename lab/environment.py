@@ -141,6 +141,11 @@ def detect(runtime: str | None = None, probe_runtimes: bool = True) -> Environme
         if dp == "user" and not tso:
             notes.append("userspace datapath without userspace-tso-enable: TCP will stall "
                          "(restart ovs-vswitchd after `make setup`)")
+        sndbuf = ovs_service.vswitchd_send_buffer() if dp == "user" else None
+        if sndbuf is not None and sndbuf < ovs_service.SEND_BUFFER_BYTES:
+            notes.append(f"ovs-vswitchd's send socket has a {sndbuf // 1024} KiB buffer: "
+                         "ports may drop packets without counting them (stop ovs-vswitchd "
+                         "and run `make setup`)")
     else:
         notes.append("Open vSwitch is not running (run: make setup)")
     runtimes = {name: runtime_version(name) for name in RUNTIMES} if probe_runtimes else {}

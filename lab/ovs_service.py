@@ -17,6 +17,9 @@ import sys
 import time
 
 OVS_CTL = "/usr/share/openvswitch/scripts/ovs-ctl"
+#: Send buffer ovs-vswitchd's shared AF_PACKET socket needs (see ``ensure_send_buffer``).
+SEND_BUFFER_BYTES = 4 * 1024 * 1024
+WMEM_DEFAULT = "/proc/sys/net/core/wmem_default"
 RUN_DIR = "/var/run/openvswitch"
 DB_SOCK = f"{RUN_DIR}/db.sock"
 
@@ -73,6 +76,9 @@ def ensure() -> str:
                            check=True)
         _ensure_tso()
         if not vswitchd_running():
+            if ensure_send_buffer():
+                print(f"[setup] net.core.wmem_default raised to {SEND_BUFFER_BYTES} so that "
+                      "ovs-vswitchd's shared send socket drops no packet uncounted")
             subprocess.run(["ovs-vswitchd", f"unix:{DB_SOCK}", "--pidfile", "--detach",
                             "--log-file"], check=True)
     for _ in range(50):
@@ -80,6 +86,45 @@ def ensure() -> str:
             return dp
         time.sleep(0.1)
     raise SystemExit("Open vSwitch did not come up (see /var/log/openvswitch/)")
+
+
+def ensure_send_buffer() -> bool:
+    """Make sockets created from now on get a send buffer of at least 4 MiB.
+
+    On the userspace datapath ovs-vswitchd sends on every port through one AF_PACKET socket
+    (created at its first send, with ``net.core.wmem_default`` as its buffer). Packets
+    waiting in the ports' egress queues are charged to that buffer; when it is full a send
+    fails and OVS drops the rest of the batch without counting it anywhere. Measured with
+    the default 208 KiB: up to 1-2 % of a port's bytes vanished, even on idle ports next to a
+    congested one; with 4 MiB every lost byte was a counted queue drop. This raises a
+    machine-wide default, which is why only set-up does it, before starting vswitchd.
+    Returns True when it changed the setting.
+    """
+    try:
+        with open(WMEM_DEFAULT) as f:
+            current = int(f.read())
+    except (OSError, ValueError):
+        return False
+    if current >= SEND_BUFFER_BYTES:
+        return False
+    with open(WMEM_DEFAULT, "w") as f:
+        f.write(str(SEND_BUFFER_BYTES))
+    return True
+
+
+def vswitchd_send_buffer() -> int | None:
+    """The send buffer of ovs-vswitchd's AF_PACKET socket, or None before its first send."""
+    try:
+        out = subprocess.run(["ss", "-0", "-m", "-p"], capture_output=True, text=True,
+                             timeout=5).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        if '"ovs-vswitchd"' in line and "skmem:(" in line:
+            for field in line.split("skmem:(", 1)[1].rstrip(")").split(","):
+                if field.startswith("tb"):
+                    return int(field[2:])
+    return None
 
 
 def _ensure_tso() -> None:
