@@ -26,6 +26,8 @@ def test_run_each_policy(tmp_path, policy):
         assert f["bytes"] > 0 and f["goodput_bps"] > 0 and f["error"] is None
     problems = check_links_agree_with_flows(r)
     assert not problems, problems
+    # every byte a flow lost was lost at a port whose queue counted drops
+    assert r["fidelity"]["datapath_loss_bytes"] == {}, r["fidelity"]
     for ln in r["links"]:
         expect = ln["tx_bytes"] * 8 / r["duration_s"] / (ln["bw_mbps"] * 1e6)
         assert ln["util_mean"] == pytest.approx(expect, abs=1e-3)
