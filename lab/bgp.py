@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network
 
+from lab.checks import check_int
 from lab.errors import TopologyError
 
 ASN_MIN, ASN_MAX = 1, 4_294_967_294
@@ -134,16 +135,8 @@ class Link:
 Subnet = str | tuple[str, str]
 
 
-def _check_int(fld: str, value: object, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TopologyError(fld, f"expected an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise TopologyError(fld, f"{value} is out of range ({lo}..{hi})")
-    return value
-
-
 def check_asn(fld: str, value: object) -> int:
-    asn = _check_int(fld, value, ASN_MIN, ASN_MAX)
+    asn = check_int(fld, value, ASN_MIN, ASN_MAX)
     if asn in RESERVED_ASNS:
         raise TopologyError(fld, f"AS {asn} is {RESERVED_ASNS[asn]} and cannot be used")
     return asn
@@ -212,22 +205,22 @@ class BgpNetwork:
         name = self._check_name("routers", name)
         fld = f"routers.{name}"
         r = Router(name=name, asn=check_asn(f"{fld}.asn", asn),
-                   maximum_paths=_check_int(f"{fld}.maximum_paths", maximum_paths, 1,
+                   maximum_paths=check_int(f"{fld}.maximum_paths", maximum_paths, 1,
                                             MAX_PATHS),
                    multipath_relax=bool(multipath_relax), transit=bool(transit),
-                   keepalive=_check_int(f"{fld}.keepalive", keepalive, 1, 21845),
-                   holdtime=_check_int(f"{fld}.holdtime", holdtime, 3, 65535),
-                   bfd_interval_ms=_check_int(f"{fld}.bfd_interval_ms", bfd_interval_ms, 10,
+                   keepalive=check_int(f"{fld}.keepalive", keepalive, 1, 21845),
+                   holdtime=check_int(f"{fld}.holdtime", holdtime, 3, 65535),
+                   bfd_interval_ms=check_int(f"{fld}.bfd_interval_ms", bfd_interval_ms, 10,
                                               60000),
-                   bfd_multiplier=_check_int(f"{fld}.bfd_multiplier", bfd_multiplier, 2, 255),
-                   coalesce_ms=_check_int(f"{fld}.coalesce_ms", coalesce_ms, 0, 60000))
+                   bfd_multiplier=check_int(f"{fld}.bfd_multiplier", bfd_multiplier, 2, 255),
+                   coalesce_ms=check_int(f"{fld}.coalesce_ms", coalesce_ms, 0, 60000))
         if r.keepalive * 3 > r.holdtime:
             raise TopologyError(f"{fld}.holdtime", f"hold time {r.holdtime} s is less than "
                                 f"three keepalives ({r.keepalive} s)")
         if hash_policy is not None:
             # Which values exist is the kernel's business (probed where it runs, see
             # lab.frr.probe_hash_policy); that it is a non-negative integer is ours.
-            r.hash_policy = _check_int(f"{fld}.hash_policy", hash_policy, 0, 2**31 - 1)
+            r.hash_policy = check_int(f"{fld}.hash_policy", hash_policy, 0, 2**31 - 1)
         if router_id is not None:
             try:
                 r.router_id = IPv4Address(router_id)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from mininet.topo import Topo
 
+from lab.checks import check_int
 from lab.errors import TopologyError
 
 DEFAULT_FABRIC_MBPS = 100.0
@@ -37,14 +38,6 @@ def host_addr(n: int) -> HostAddr:
     return HostAddr(ip=f"10.0.{n >> 8}.{n & 0xFF}", mac=f"00:00:00:00:{n >> 8:02x}:{n & 0xFF:02x}")
 
 
-def _check_int(field: str, value: object, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TopologyError(field, f"expected an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise TopologyError(field, f"{value} is out of range ({lo}..{hi})")
-    return value
-
-
 def _check_rate(field: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TopologyError(field, f"expected a rate in Mbit/s, got {value!r}")
@@ -59,7 +52,7 @@ def _check_links(host_bw: object, fabric_bw: object,
     """The link parameters every fabric shares, checked."""
     return (_check_rate("topology.host_bw", host_bw),
             _check_rate("topology.fabric_bw", fabric_bw),
-            _check_int("topology.queue_bytes", queue_bytes, 3000, 64_000_000))
+            check_int("topology.queue_bytes", queue_bytes, 3000, 64_000_000))
 
 
 class FabricTopo(Topo):
@@ -105,9 +98,9 @@ class LeafSpine(FabricTopo):
     def build(self, spines: int = 2, leaves: int = 2, hosts_per_leaf: int = 4,
               host_bw: float = DEFAULT_HOST_MBPS, fabric_bw: float = DEFAULT_FABRIC_MBPS,
               queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
-        spines = _check_int("topology.spines", spines, 1, 64)
-        leaves = _check_int("topology.leaves", leaves, 1, 64)
-        hosts_per_leaf = _check_int("topology.hosts_per_leaf", hosts_per_leaf, 1, 64)
+        spines = check_int("topology.spines", spines, 1, 64)
+        leaves = check_int("topology.leaves", leaves, 1, 64)
+        hosts_per_leaf = check_int("topology.hosts_per_leaf", hosts_per_leaf, 1, 64)
         if leaves * hosts_per_leaf > MAX_HOSTS:
             raise TopologyError("topology", f"{leaves * hosts_per_leaf} hosts is more than "
                                 f"this lab builds ({MAX_HOSTS})")
@@ -140,7 +133,7 @@ class FatTree(FabricTopo):
     def build(self, k: int = 4, host_bw: float = DEFAULT_FABRIC_MBPS,
               fabric_bw: float = DEFAULT_FABRIC_MBPS,
               queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
-        k = _check_int("topology.k", k, 2, 16)
+        k = check_int("topology.k", k, 2, 16)
         if k % 2:
             raise TopologyError("topology.k", f"a fat-tree needs an even k, got {k}")
         if k ** 3 // 4 > MAX_HOSTS:
