@@ -61,12 +61,41 @@ def link_balance(result: dict[str, Any]) -> dict[str, dict[str, int]]:
     return out
 
 
+def unexplained_loss(result: dict[str, Any], min_share: float = 0.005,
+                     floor_bytes: int = 64_000) -> dict[str, int]:
+    """Links where flows lost bytes that no queue drop accounts for.
+
+    Below ``floor_bytes`` it is noise: the iperf3 control connections are not watched, so
+    their few kB show up as sent but never counted.
+
+    Such loss is the emulator's, not the network's. On the userspace datapath OVS sends on
+    every port through one shared AF_PACKET socket and drops the rest of a batch when one
+    send fails (a queue drop, or the shared send buffer full of queued packets), uncounted.
+    Measured under congestion with the default send buffer: up to 1-2% of a port's bytes,
+    on congested and neighbouring ports alike; set-up's larger buffer
+    (``ovs_service.ensure_send_buffer``) removes it, and ``fidelity`` reports any that is
+    left.
+    """
+    drops = _per_link(result, "drops")
+    out = {}
+    for link, b in link_balance(result).items():
+        lost = b["lost_in_datapath"] + (b["lost_at_port"] if drops.get(link, 0) == 0 else 0)
+        if lost > max(min_share * b["entered"], floor_bytes):
+            out[link] = lost
+    return out
+
+
+def _per_link(result: dict[str, Any], key: str) -> dict[str, Any]:
+    """{"a->b": that link entry's ``key``} for every switch egress port."""
+    return {f"{ln['node']}->{ln['peer']}": ln[key] for ln in result["links"]}
+
+
 def diagnose(result: dict[str, Any]) -> dict[str, Any]:
     """Flows with their links and losses, links ranked by the loss flows saw on them."""
     if result.get("schema") != 1:
         raise ScenarioError("result", f"schema {result.get('schema')!r} is not 1")
-    drops = {f"{ln['node']}->{ln['peer']}": ln["drops"] for ln in result["links"]}
-    util = {f"{ln['node']}->{ln['peer']}": ln["util_mean"] for ln in result["links"]}
+    drops = _per_link(result, "drops")
+    util = _per_link(result, "util_mean")
     balance = link_balance(result)
     per_link: dict[str, dict[str, Any]] = {}
     flows = []
@@ -92,7 +121,7 @@ def diagnose(result: dict[str, Any]) -> dict[str, Any]:
     up = sum(1 for ln in result["links"] if ln.get("up", True))
     return {"scenario": result.get("scenario"), "policy": result.get("policy"),
             "links": len(result["links"]), "links_up": up, "congested_link": congested,
-            "ranked": links, "flows": flows}
+            "ranked": links, "unexplained": unexplained_loss(result), "flows": flows}
 
 
 def render(report: dict[str, Any]) -> str:
@@ -106,16 +135,9 @@ def render(report: dict[str, Any]) -> str:
                      f"{top['util_mean'] * 100:.0f}%, carrying {', '.join(top['flows'])}")
     else:
         lines.append("no flow lost bytes at a fabric port")
-    emu = [(x["link"], x["lost_in_datapath"]) for x in report["ranked"]
-           if x.get("lost_in_datapath", 0) > 0.005 * max(x.get("sent", 0), 1)]
-    for x in report["ranked"]:
-        if x.get("lost_at_port", 0) > 0.005 * max(x.get("entered", 0), 1) \
-                and x["queue_drops"] == 0:
-            lines.append(f"unexplained loss: {x['lost_at_port']} B entered the switch for "
-                         f"{x['link']} but never left, with no queue drop (datapath)")
-    for link, lost in emu:
-        lines.append(f"emulator loss: {lost} B left {link} on the wire but were not counted "
-                     "by the next switch (datapath, not a configured drop)")
+    for link, lost in report["unexplained"].items():
+        lines.append(f"unexplained loss: {lost} B of the flows on {link} were lost without a "
+                     "queue drop (inside the emulator's datapath, not a configured drop)")
     lines.append(f"{'flow':6s} {'src->dst':12s} {'path':28s} {'lost B':>9s} {'lost on':16s} "
                  f"{'goodput':>10s} {'retx':>6s}")
     for f in report["flows"]:

@@ -116,8 +116,8 @@ class Fabric:
         self.gateways: frozenset[str] = frozenset()
 
     # -- bring-up ---------------------------------------------------------------------------
-    def check_free(self) -> None:
-        bridges, intfs = planned_names(self.topo)
+    @staticmethod
+    def check_free(bridges: list[str], intfs: list[str]) -> None:
         taken = sorted(set(bridges) & state.existing_bridges())
         taken += sorted(set(intfs) & state.existing_interfaces())
         if taken:
@@ -128,8 +128,8 @@ class Fabric:
     def start(self) -> None:
         t0 = time.monotonic()
         setLogLevel("warning")
-        self.check_free()
         bridges, intfs = planned_names(self.topo)
+        self.check_free(bridges, intfs)
         self.record.bridges = bridges
         self.record.interfaces = intfs
         self.record.save()

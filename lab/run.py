@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from controllers import policies
-from lab import environment, kinds, scenario, state, telemetry
+from lab import diagnose, environment, kinds, scenario, state, telemetry
 from lab.errors import MachineError, ScenarioError
 from lab.fabric import Fabric
 from lab.result import SCHEMA_VERSION, flow_entries, link_entries, validate
@@ -201,7 +201,6 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         after = telemetry.drained_snapshot(ports)
         t_end = time.monotonic() - sampler.t0
         flows1 = telemetry.settled_flow_counters(bridges)
-        sampler.stop()
     finally:
         runner.stop()
         sampler.stop()
@@ -233,36 +232,13 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
     unclean = [f["id"] for f in result["flows"] if not f["path_clean"]]
     if unclean:
         notes.append(f"flows whose counters do not form one path: {', '.join(unclean)}")
-    unexplained = unexplained_loss(result)
+    unexplained = diagnose.unexplained_loss(result)
     if unexplained:
         notes.append("bytes lost inside the switches' datapath, not in a configured queue: "
                      + ", ".join(f"{k} {v} B" for k, v in unexplained.items()))
     result["fidelity"] = {"cpu_idle_min_pct": idle_min, "cpu_idle_pct": idle, "valid": valid,
                           "notes": notes, "datapath_loss_bytes": unexplained}
     return result
-
-
-def unexplained_loss(result: dict[str, Any], min_share: float = 0.005,
-                     floor_bytes: int = 64_000) -> dict[str, int]:
-    """Links where flows lost bytes that no queue drop accounts for.
-
-    Below ``floor_bytes`` it is noise: the iperf3 control connections are not watched, so
-    their few kB show up as sent but never counted.
-
-    Such loss is the emulator's, not the network's. On the userspace datapath OVS sends on
-    every port through one shared AF_PACKET socket and drops the rest of a batch when one
-    send fails (a queue drop, or the shared send buffer full of queued packets), uncounted.
-    Measured under congestion: up to 1-2% of a port's bytes, on congested and neighbouring
-    ports alike, so it is reported in ``fidelity``.
-    """
-    from lab.diagnose import link_balance
-    drops = {f"{ln['node']}->{ln['peer']}": ln["drops"] for ln in result["links"]}
-    out = {}
-    for link, b in link_balance(result).items():
-        lost = b["lost_in_datapath"] + (b["lost_at_port"] if drops.get(link, 0) == 0 else 0)
-        if lost > max(min_share * b["entered"], floor_bytes):
-            out[link] = lost
-    return out
 
 
 def run(name: str, out: Path | None = None, progress: Progress = print,
