@@ -8,8 +8,6 @@ switches shares exactly one link, so the switch sequence fixes the uplink at eve
 
 from __future__ import annotations
 
-import itertools
-
 
 def adjacency(topo_desc: dict) -> dict[str, dict[str, int]]:
     """{switch: {neighbour switch: local port}} for switch-to-switch links."""
@@ -62,7 +60,3 @@ def path_from_counters(hop_bytes: dict[str, int], first: str,
     if not clean:
         path += sorted(counted - set(path))
     return path, clean
-
-
-def links_of_path(path: list[str]) -> list[tuple[str, str]]:
-    return list(itertools.pairwise(path))

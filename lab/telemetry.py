@@ -14,7 +14,6 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -227,9 +226,3 @@ def settled_flow_counters(bridges: list[str], quiet_s: float = 0.6,
             return cur
         prev = cur
     return prev
-
-
-def save_series(path: Path, sampler: Sampler) -> None:
-    data = {f"{p.node}:{p.port}": {"t": s.t, "tx_bps": s.tx_bps, "queue_bytes": s.queue_bytes}
-            for p, s in sampler.series.items()}
-    path.write_text(json.dumps(data))
