@@ -87,8 +87,13 @@ class Router:
     coalesce_ms: int = 50
     #: ``net.ipv4.fib_multipath_hash_policy`` for this namespace (None: kernel default, 0).
     hash_policy: int | None = None
-    #: False: announce only ``networks`` to eBGP peers (an edge that is nobody's transit).
+    #: False: announce only ``networks`` and ``announce`` to eBGP peers (an edge that is
+    #: nobody's transit).
     transit: bool = True
+    #: Prefixes learnt from iBGP that a non-transit router passes on to its eBGP peers
+    #: (a border announcing the DC prefix its core originates, without a ``network`` line
+    #: that would make the border itself the origin).
+    announce: list[IPv4Network] = field(default_factory=list)
     interfaces: list[Interface] = field(default_factory=list)
     neighbors: list[Neighbor] = field(default_factory=list)
     requests: list[_NeighborRequest] = field(default_factory=list, repr=False)
@@ -201,7 +206,8 @@ class BgpNetwork:
                    networks: Iterable[str] = (), maximum_paths: int = 1,
                    multipath_relax: bool = False, keepalive: int = 1, holdtime: int = 3,
                    bfd_interval_ms: int = 100, bfd_multiplier: int = 3, coalesce_ms: int = 50,
-                   hash_policy: int | None = None, transit: bool = True) -> Router:
+                   hash_policy: int | None = None, transit: bool = True,
+                   announce: Iterable[str] = ()) -> Router:
         name = self._check_name("routers", name)
         fld = f"routers.{name}"
         r = Router(name=name, asn=check_asn(f"{fld}.asn", asn),
@@ -226,11 +232,13 @@ class BgpNetwork:
                 r.router_id = IPv4Address(router_id)
             except ValueError as exc:
                 raise TopologyError(f"{fld}.router_id", str(exc)) from None
-        for net in networks:
-            try:
-                r.networks.append(IPv4Network(net, strict=True))
-            except (ValueError, TypeError) as exc:
-                raise TopologyError(f"{fld}.networks", f"{net!r}: {exc}") from None
+        for key, nets, into in (("networks", networks, r.networks),
+                                ("announce", announce, r.announce)):
+            for net in nets:
+                try:
+                    into.append(IPv4Network(net, strict=True))
+                except (ValueError, TypeError) as exc:
+                    raise TopologyError(f"{fld}.{key}", f"{net!r}: {exc}") from None
         self.routers[name] = r
         self._validated = False
         return r
@@ -428,9 +436,10 @@ def bgpd_conf(r: Router) -> str:
     ebgp = [n for n in r.neighbors if n.remote_as != r.asn]
     if not r.transit and ebgp:
         # Announce our own prefixes only: an edge with two ISPs must not carry ISP1 to ISP2.
-        if r.networks:
+        own = r.networks + r.announce
+        if own:
             lines += [f"ip prefix-list {OWN_PREFIXES} seq {5 * (i + 1)} permit {net}"
-                      for i, net in enumerate(r.networks)]
+                      for i, net in enumerate(own)]
         else:
             lines.append(f"ip prefix-list {OWN_PREFIXES} seq 5 deny any")
         lines += [f"route-map {OWN_ROUTE_MAP} permit 10",

@@ -105,7 +105,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from lab import diagnose
-    report = diagnose.diagnose(diagnose.load_result(args.result))
+    result = diagnose.select_phase(diagnose.load_result(args.result), args.phase)
+    report = diagnose.diagnose(result)
     print(json.dumps(report, indent=1) if args.json else diagnose.render(report))
     return 0
 
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("diagnose", help="per-flow view of a run: links crossed, where bytes "
                                         "were lost, the congested link")
     g.add_argument("result", help="a run directory or its result.json")
+    g.add_argument("--phase", help="a phase of a phased run (default: its incident)")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=_cmd_diagnose)
 

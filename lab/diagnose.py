@@ -86,8 +86,43 @@ def unexplained_loss(result: dict[str, Any], min_share: float = 0.005,
 
 
 def _per_link(result: dict[str, Any], key: str) -> dict[str, Any]:
-    """{"a->b": that link entry's ``key``} for every switch egress port."""
-    return {f"{ln['node']}->{ln['peer']}": ln[key] for ln in result["links"]}
+    """{"a->b": that link entry's ``key``} for every egress port.
+
+    Router ports carry their own ``name`` (``border1-eth2->isp1-eth0``): two routers may
+    share several parallel links, so the node pair does not name one."""
+    return {ln.get("name", f"{ln['node']}->{ln['peer']}"): ln[key] for ln in result["links"]}
+
+
+def router_link_balance(result: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per router link: bytes its flows left the sender with, bytes the far router counted.
+
+    Both counts are the routers' own (nftables, before the egress queue and after the
+    wire), so their difference is what the link's queue dropped of these flows.
+    """
+    out: dict[str, dict[str, int]] = {}
+    for f in result["flows"]:
+        for h in f.get("router_hops", []):
+            if h.get("arrived") is None:
+                continue
+            e = out.setdefault(h["link"], {"entered": 0, "arrived": 0})
+            e["entered"] += h["sent"]
+            e["arrived"] += h["arrived"]
+    for e in out.values():
+        e["lost_at_port"] = max(0, e["entered"] - e["arrived"])
+        e["lost_in_datapath"] = 0
+    return out
+
+
+def select_phase(result: dict[str, Any], phase: str | None) -> dict[str, Any]:
+    """The result as seen in one phase of a phased run (``phase_details``)."""
+    if phase is None:
+        return result
+    details = result.get("phase_details", {})
+    if phase not in details:
+        raise ScenarioError("--phase", f"{phase!r} is not a phase of this run (phases: "
+                            f"{', '.join(details) or 'none'})")
+    return {**result, "phase": phase, "links": details[phase]["links"],
+            "flows": details[phase]["flows"]}
 
 
 def diagnose(result: dict[str, Any]) -> dict[str, Any]:
@@ -96,22 +131,25 @@ def diagnose(result: dict[str, Any]) -> dict[str, Any]:
         raise ScenarioError("result", f"schema {result.get('schema')!r} is not 1")
     drops = _per_link(result, "drops")
     util = _per_link(result, "util_mean")
-    balance = link_balance(result)
+    balance = {**link_balance(result), **router_link_balance(result)}
     per_link: dict[str, dict[str, Any]] = {}
     flows = []
     for f in result["flows"]:
         losses = flow_losses(f)
+        losses.update({h["link"]: h["lost"] for h in f.get("router_hops", [])})
         for link, lost in losses.items():
             entry = per_link.setdefault(link, {"lost_bytes": 0, "flows": []})
             entry["lost_bytes"] += lost
             entry["flows"].append(f["id"])
         worst = max(losses, key=losses.get, default=None)
-        flows.append({"id": f["id"], "src": f["src"], "dst": f["dst"], "path": f["path"],
+        flows.append({"id": f["id"], "src": f["src"], "dst": f["dst"],
+                      "path": f["path"] + [h["to"] for h in f.get("router_hops", [])],
                       "links": list(losses), "lost_bytes": sum(losses.values()),
                       "loss": f.get("loss", 0.0), "lost_on": worst if worst and
                       losses[worst] > 0 else None,
                       "goodput_bps": f.get("goodput_bps", 0.0),
-                      "retransmits": f.get("retransmits", 0)})
+                      "retransmits": f.get("retransmits", 0),
+                      "stalls": f.get("stalls"), "uplinks": f.get("uplinks", [])})
     links = sorted(({"link": name, "lost_bytes": v["lost_bytes"], "flows": v["flows"],
                      "queue_drops": drops.get(name, 0), "util_mean": util.get(name, 0.0),
                      **balance.get(name, {})}
@@ -120,28 +158,37 @@ def diagnose(result: dict[str, Any]) -> dict[str, Any]:
     congested = links[0]["link"] if links and links[0].get("lost_at_port", 0) > 0 else None
     up = sum(1 for ln in result["links"] if ln.get("up", True))
     return {"scenario": result.get("scenario"), "policy": result.get("policy"),
+            "phase": result.get("phase"),
             "links": len(result["links"]), "links_up": up, "congested_link": congested,
             "ranked": links, "unexplained": unexplained_loss(result), "flows": flows}
 
 
 def render(report: dict[str, Any]) -> str:
     """The operator's view, as text."""
-    lines = [f"{report['scenario']} policy={report['policy']}: {report['links_up']} of "
-             f"{report['links']} switch ports up"]
+    phase = f" phase={report['phase']}" if report.get("phase") else ""
+    lines = [f"{report['scenario']} policy={report['policy']}{phase}: {report['links_up']} of "
+             f"{report['links']} ports up"]
     if report["congested_link"]:
         top = report["ranked"][0]
         lines.append(f"congested link: {top['link']} - its flows lost {top['lost_at_port']} B "
                      f"at the port, whose queue dropped {top['queue_drops']} packets; util "
                      f"{top['util_mean'] * 100:.0f}%, carrying {', '.join(top['flows'])}")
     else:
-        lines.append("no flow lost bytes at a fabric port")
+        lines.append("no flow lost bytes at a port")
     for link, lost in report["unexplained"].items():
         lines.append(f"unexplained loss: {lost} B of the flows on {link} were lost without a "
                      "queue drop (inside the emulator's datapath, not a configured drop)")
-    lines.append(f"{'flow':6s} {'src->dst':12s} {'path':28s} {'lost B':>9s} {'lost on':16s} "
-                 f"{'goodput':>10s} {'retx':>6s}")
+    wid = max([6] + [len(f["id"]) for f in report["flows"]])
+    pw = max([28] + [len("-".join(f["path"])) for f in report["flows"]])
+    lw = max([16] + [len(f["lost_on"] or "") for f in report["flows"]])
+    lines.append(f"{'flow':{wid}s} {'src->dst':14s} {'path':{pw}s} {'lost B':>9s} "
+                 f"{'lost on':{lw}s} {'goodput':>10s} {'retx':>6s}"
+                 + (" stalls" if any(f.get("stalls") is not None for f in report["flows"])
+                    else ""))
     for f in report["flows"]:
-        lines.append(f"{f['id']:6s} {f['src'] + '->' + f['dst']:12s} {'-'.join(f['path']):28s} "
-                     f"{f['lost_bytes']:9d} {f['lost_on'] or '-':16s} "
-                     f"{f['goodput_bps'] / 1e6:8.1f} M {f['retransmits']:6d}")
+        stalls = f.get("stalls")
+        lines.append(f"{f['id']:{wid}s} {f['src'] + '->' + f['dst']:14s} "
+                     f"{'-'.join(f['path']):{pw}s} {f['lost_bytes']:9d} "
+                     f"{f['lost_on'] or '-':{lw}s} {f['goodput_bps'] / 1e6:8.1f} M "
+                     f"{f['retransmits']:6d}" + (f" {stalls:6d}" if stalls is not None else ""))
     return "\n".join(lines)

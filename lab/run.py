@@ -143,6 +143,8 @@ def fabric_session(label: str, topo: Any, env: environment.Environment, runtime:
 
 def execute(plan: Plan, out_dir: Path, progress: Progress = print) -> dict[str, Any]:
     """Run one plan on a fresh fabric; returns the result (also written to out_dir)."""
+    if hasattr(plan.kind, "execute"):          # a kind with phases of its own
+        return plan.kind.execute(plan, out_dir, progress)
     out_dir.mkdir(parents=True, exist_ok=True)
     t_run = time.monotonic()
     with fabric_session(f"{plan.scenario.name}-{plan.policy}", plan.topology(), plan.env,

@@ -28,6 +28,7 @@ import struct
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -320,6 +321,12 @@ class StreamRecord:
             "jitter_ms": jitter * 1e3 if jitter is not None else None,
             "duplicates": self.duplicates,
         }
+        # The longest silence between two complete frames: a failover's outage as this
+        # stream saw it (a 25 fps stream normally shows 40 ms).
+        gaps = [(b.arrival_ns - a.arrival_ns, a.arrival_ns) for a, b in pairwise(arrivals)]
+        gap_ns, gap_at = max(gaps, default=(0, first))
+        out["max_gap_s"] = gap_ns / 1e9
+        out["max_gap_start_unix"] = gap_at / 1e9
         if self.proto == "udp":
             out["datagrams"] = self.datagrams
             out["fragments_missing"] = self.fragments_missing()

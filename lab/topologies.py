@@ -85,6 +85,13 @@ class FabricTopo(Topo):
     def role(self, name: str) -> str:
         return self.roles[name]
 
+    def on_fabric(self, name: str) -> bool:
+        """Switches, hosts and gateways: what the controller programs and forwards for.
+
+        Routers and hosts behind them (``lab.edge``) are outside the fabric."""
+        return self.roles.get(name) in {"host", "media", "origin", "gateway",
+                                        *_DPID_BASE}
+
 
 class LeafSpine(FabricTopo):
     """Two-tier Clos: every leaf connects to every spine.
@@ -173,14 +180,21 @@ class FatTree(FabricTopo):
 TOPOLOGIES: dict[str, type[FabricTopo]] = {"leafspine": LeafSpine, "fattree": FatTree}
 
 
+def topology_class(kind: str) -> type[FabricTopo] | None:
+    if kind == "streaming-edge":
+        from lab.edge import StreamingEdge  # imports FRR's Mininet glue: only when asked
+        return StreamingEdge
+    return TOPOLOGIES.get(kind)
+
+
 def make_topology(spec: dict[str, object]) -> FabricTopo:
     """Build a topology from a scenario's ``topology:`` mapping (``type`` plus parameters)."""
     spec = dict(spec)
     kind = spec.pop("type", "leafspine")
-    cls = TOPOLOGIES.get(str(kind))
+    cls = topology_class(str(kind))
     if cls is None:
         raise TopologyError("topology.type", f"unknown topology {kind!r} "
-                            f"(known: {', '.join(sorted(TOPOLOGIES))})")
+                            f"(known: {', '.join(sorted([*TOPOLOGIES, 'streaming-edge']))})")
     allowed = set(inspect.signature(cls.build).parameters) - {"self"}
     unknown = sorted(set(spec) - allowed)
     if unknown:
@@ -201,13 +215,25 @@ def describe(topo: FabricTopo) -> dict[str, object]:
         switches.append(entry)
     hosts = []
     for name in topo.hosts():
+        if not topo.on_fabric(name):
+            continue
         info = topo.nodeInfo(name)
-        hosts.append({"name": name, "ip": str(info["ip"]).split("/")[0], "mac": info["mac"]})
+        entry = {"name": name, "ip": str(info["ip"]).split("/")[0], "mac": info["mac"]}
+        if topo.role(name) != "host":
+            entry["role"] = topo.role(name)
+        hosts.append(entry)
     links = []
     for a, b, info in topo.links(sort=False, withInfo=True):
+        if not (topo.on_fabric(a) and topo.on_fabric(b)):
+            continue
         # Topo.links() yields (node1, node2) in the order given to addLink, ports alike.
         links.append({"a": a, "a_port": info["port1"], "b": b, "b_port": info["port2"],
                       "bw_mbps": info["bw"], "queue_bytes": info["queue_bytes"]})
-    return {"type": topo.kind, "params": dict(topo.params),
-            "oversubscription": round(topo.oversubscription, 4),
-            "switches": switches, "hosts": hosts, "links": links}
+    desc: dict[str, object] = {"type": topo.kind, "params": dict(topo.params),
+                               "oversubscription": round(topo.oversubscription, 4),
+                               "switches": switches, "hosts": hosts, "links": links}
+    if hasattr(topo, "bgp"):
+        desc["routers"] = topo.routers_desc()
+        desc["router_links"] = topo.router_links_desc()
+        desc["external_hosts"] = topo.external_hosts()
+    return desc

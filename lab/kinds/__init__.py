@@ -11,7 +11,7 @@ from types import ModuleType
 
 from lab.errors import ScenarioError
 
-KINDS = ("ecmp",)
+KINDS = ("ecmp", "streaming")
 
 
 def get(name: str) -> ModuleType:
