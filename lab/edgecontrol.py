@@ -63,17 +63,19 @@ def predict(node: Any, iif: str, flows: Iterable[FiveTuple]) -> list[str]:
     out = node.cmd(f"ip -j -batch - <<'EOF'\n{batch}\nEOF")
     devs = []
     for line in out.splitlines():
-        line = line.strip()
-        if line.startswith("["):
-            devs += [r.get("dev", "") for r in json.loads(line)]
+        # The shell's continuation prompts ("> ") may precede the first answer.
+        start = line.find("[{")
+        if start >= 0:
+            devs += [r.get("dev", "") for r in json.loads(line[start:])]
     if len(devs) != len(flows):
         raise RuntimeError(f"{node.name}: ip route get answered {len(devs)} of {len(flows)}: "
                            f"{out.strip()[:300]}")
     return devs
 
 
-def pin(node: Any, rules: list[tuple[FiveTuple, str, str]]) -> None:
-    """Per-flow routes: each (flow, interface, next hop) gets a rule into its own table."""
+def pin(node: Any, rules: list[tuple[FiveTuple, str, str]]) -> list[int]:
+    """Per-flow routes: each (flow, interface, next hop) gets a rule into its interface's
+    table; returns the tables used (``unpin`` takes them)."""
     cmds = []
     tables: dict[str, int] = {}
     for f, intf, via in rules:
@@ -83,24 +85,25 @@ def pin(node: Any, rules: list[tuple[FiveTuple, str, str]]) -> None:
         cmds.append(f"rule add priority {PIN_RULE_PRIO} from {f.src} to {f.dst} "
                     f"ipproto {f.proto} sport {f.sport} dport {f.dport} table {tables[intf]}")
     batch = "\n".join(cmds)
-    out = node.cmd(f"ip -batch - <<'EOF'\n{batch}\nEOF\necho __rc=$?")
+    # One command line for the shell (Mininet's cmd() returns at the next prompt).
+    out = node.cmd(f"ip -batch - <<'EOF'; echo __rc=$?\n{batch}\nEOF")
     if not out.strip().endswith("__rc=0"):
         raise RuntimeError(f"{node.name}: pinning failed: {out.strip()[:300]}")
+    return sorted(tables.values())
 
 
-def unpin(node: Any) -> None:
-    """Remove every pinned rule and table of ``pin`` (rules share one priority)."""
+def unpin(node: Any, tables: list[int]) -> None:
+    """Remove every pinned rule (they share one priority) and the given tables."""
     node.cmd(f"while ip rule del priority {PIN_RULE_PRIO} 2>/dev/null; do :; done; "
-             f"for t in $(seq {PIN_TABLE_BASE} {PIN_TABLE_BASE + 63}); do "
-             "ip route flush table $t 2>/dev/null; done")
+             + "".join(f"ip route flush table {t}; " for t in tables))
 
 
 def cut(node: Any, intfs: list[str]) -> None:
     """Drop everything arriving on ``intfs`` of ``node`` (nftables netdev ingress)."""
     chains = "\n".join(f'  chain in{i} {{ type filter hook ingress device "{intf}" '
                        f"priority -500; policy drop; }}" for i, intf in enumerate(intfs))
-    out = node.cmd(f"nft -f - <<'EOF'\ntable netdev {CUT_TABLE} {{\n{chains}\n}}\nEOF\n"
-                   "echo __rc=$?")
+    out = node.cmd(f"nft -f - <<'EOF'; echo __rc=$?\ntable netdev {CUT_TABLE} {{\n{chains}\n"
+                   "}\nEOF")
     if not out.strip().endswith("__rc=0"):
         raise RuntimeError(f"{node.name}: cut failed: {out.strip()[:300]}")
 

@@ -37,12 +37,45 @@ def probe_packets(proto: str, src: str, dst: str, sport: int, dport: int,
 def trace(proto: str, src: str, dst: str, sport: int, dport: int, max_ttl: int = 8,
           timeout_s: float = 1.0) -> list[dict[str, Any]]:
     """Send the probes, return the hops that answered, in TTL order."""
+    return trace_many([(proto, src, dst, sport, dport)], max_ttl, timeout_s)[0]
+
+
+def trace_many(flows: list[tuple[str, str, str, int, int]], max_ttl: int = 8,
+               timeout_s: float = 1.0) -> list[list[dict[str, Any]]]:
+    """Probe several 5-tuples at once (one scapy start, one wait): hops per flow."""
     from scapy.config import conf
-    from scapy.layers.inet import ICMP, IP
+    from scapy.layers.inet import IP
     from scapy.sendrecv import sr
     conf.verb = 0
-    answered, _ = sr(probe_packets(proto, src, dst, sport, dport, max_ttl),
-                     timeout=timeout_s, verbose=0)
+    _seed_arp_cache(conf)
+    packets = []
+    for i, (proto, src, dst, sport, dport) in enumerate(flows):
+        for pkt in probe_packets(proto, src, dst, sport, dport, max_ttl):
+            pkt[IP].id = (i << 6) | pkt[IP].ttl       # which flow and TTL, for the reply
+            packets.append(pkt)
+    answered, _ = sr(packets, timeout=timeout_s, verbose=0)
+    per_flow: list[list[Any]] = [[] for _ in flows]
+    for sent, reply in answered:
+        per_flow[sent[IP].id >> 6].append((sent, reply))
+    return [_hops(pairs, flows[i][2]) for i, pairs in enumerate(per_flow)]
+
+
+def _seed_arp_cache(conf: Any) -> None:
+    """Give scapy the kernel's neighbour entries: it resolves next hops with ARP requests of
+    its own, which a fabric whose controller answers no ARP (static entries) never answers."""
+    import subprocess
+    out = subprocess.run(["ip", "-j", "neigh", "show"], capture_output=True, text=True)
+    try:
+        entries = json.loads(out.stdout or "[]")
+    except ValueError:
+        return
+    for e in entries:
+        if e.get("lladdr") and e.get("dst"):
+            conf.netcache.arp_cache[e["dst"]] = e["lladdr"]
+
+
+def _hops(answered: list[Any], dst: str) -> list[dict[str, Any]]:
+    from scapy.layers.inet import ICMP, IP
     hops = []
     for sent, reply in answered:
         hop = {"ttl": sent[IP].ttl, "from": reply[IP].src,
@@ -63,13 +96,21 @@ def trace(proto: str, src: str, dst: str, sport: int, dport: int, max_ttl: int =
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lab.probe", description=__doc__.splitlines()[0])
     ap.add_argument("--proto", choices=("tcp", "udp"), default="tcp")
-    ap.add_argument("--src", required=True)
-    ap.add_argument("--dst", required=True)
-    ap.add_argument("--sport", type=int, required=True)
-    ap.add_argument("--dport", type=int, required=True)
+    ap.add_argument("--src")
+    ap.add_argument("--dst")
+    ap.add_argument("--sport", type=int)
+    ap.add_argument("--dport", type=int)
+    ap.add_argument("--flows", help='JSON list of [proto, src, dst, sport, dport]: probe '
+                    'them all at once; prints {"flows": [hops, ...]}')
     ap.add_argument("--max-ttl", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=1.0)
     args = ap.parse_args(argv)
+    if args.flows:
+        flows = [tuple(f) for f in json.loads(args.flows)]
+        print(json.dumps({"flows": trace_many(flows, args.max_ttl, args.timeout)}))
+        return 0
+    if None in (args.src, args.dst, args.sport, args.dport):
+        ap.error("--src, --dst, --sport and --dport are required without --flows")
     hops = trace(args.proto, args.src, args.dst, args.sport, args.dport, args.max_ttl,
                  args.timeout)
     print(json.dumps({"hops": hops}))

@@ -23,6 +23,7 @@ Mechanism lives in ``lab.edge`` (topology), ``lab.edgecontrol`` (hash, pinning, 
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import shutil
@@ -51,6 +52,9 @@ SAMPLE_HZ = 10.0
 SEED_TARGET_UTIL = 0.7
 SEED_TRIES = 64
 MIN_CPU_IDLE_PCT = 10.0
+#: Phases after which every origin stream is traced with its own 5-tuple (scapy), routing
+#: still as it was: the operator's confirmation of what the counters say.
+PROBE_PHASES = ("incident", "fix-hash")
 
 SCHEMA: dict[str, Param] = {
     "streams.proto": Param(str, choices=("tcp", "udp")),
@@ -186,7 +190,7 @@ class EdgeRun:
         self.seed = int(self.params["seed"])
         self.base_seeds = {name: 1 + (self.seed * 7919 + i * 104729) % 65521
                            for i, name in enumerate(sorted(self.routers))}
-        self.bgp_events: list[dict[str, Any]] = []
+        self.pinned: dict[str, list[int]] = {}
 
     # -- bring-up beyond the fabric ----------------------------------------------------------
     def start_routing(self) -> dict[str, float]:
@@ -260,8 +264,9 @@ class EdgeRun:
         bw = self.params["before"]["uplink_bw"] if phase == "before-upgrade" \
             else tp["uplink_bw"]
         self.set_uplink_bw(bw)
-        for node in self.routers.values():
-            edgecontrol.unpin(node)
+        for name, tables in self.pinned.items():
+            edgecontrol.unpin(self.routers[name], tables)
+        self.pinned = {}
         config: dict[str, Any] = {"uplink_bw_mbps": bw}
         mine = [n for n in self.routers if not n.startswith("isp")]
         if phase in ("fix-hash", "failover-link", "failover-border"):
@@ -374,9 +379,9 @@ class EdgeRun:
                                                                      core_link.peer_intf)))
             border_rules.setdefault(best.node, []).append(
                 (s.tuple, best.intf, self.addr_of(best.peer, best.peer_intf)))
-        edgecontrol.pin(self.routers[CORE], core_rules)
+        self.pinned[CORE] = edgecontrol.pin(self.routers[CORE], core_rules)
         for border, rules in border_rules.items():
-            edgecontrol.pin(self.routers[border], rules)
+            self.pinned[border] = edgecontrol.pin(self.routers[border], rules)
         return placed
 
     def isp_of(self, host: str) -> str:
@@ -391,11 +396,14 @@ class EdgeRun:
 
     def run_phase(self, phase: str, index: int, measured: dict[str, float]) -> dict[str, Any]:
         duration = float(self.params["duration"])
+        marks = [("start", time.monotonic())]
         config = self.configure(phase, measured)
+        marks.append(("configure", time.monotonic()))
         streams = [s for s in self.streams if s.phase == phase]
         work = self.fabric.run_dir / "streams" / phase
         work.mkdir(parents=True, exist_ok=True)
         players = self.start_players(streams, work, duration)
+        marks.append(("players", time.monotonic()))
         before_f = telemetry.snapshot(self.fports)
         before_r = routerstats.snapshot(self.pids, self.rports)
         flows0 = {br: telemetry.flow_counters(br) for br in self.bridges}
@@ -414,6 +422,7 @@ class EdgeRun:
             except Exception:
                 proc.kill()
                 proc.wait()
+        marks.append(("traffic", time.monotonic()))
         after_f = telemetry.drained_snapshot(self.fports)
         after_r = routerstats.snapshot(self.pids, self.rports)
         t_end = time.monotonic() - self.sampler.t0
@@ -428,10 +437,49 @@ class EdgeRun:
         links = link_entries(self.fports, before_f, after_f, self.sampler, measured_s, t_start)
         links += self.router_link_entries(before_r, after_r, measured_s, t_start, config)
         flows = [self.flow_entry(s, ovs, nft) for s in streams]
+        marks.append(("collect", time.monotonic()))
+        if phase in PROBE_PHASES:
+            self.probe(phase, flows)
+        marks.append(("probe", time.monotonic()))
         idle = [round(x, 1) for x in self.sampler.cpu_idle_pct(t_start, t_end)]
-        return {"config": config, "duration_s": round(measured_s, 3), "links": links,
+        return {"timings": {f"{b[0]}_s": round(b[1] - a[1], 3)
+                            for a, b in itertools.pairwise(marks)},
+                "config": config, "duration_s": round(measured_s, 3), "links": links,
                 "flows": flows, "events": events, "cpu_idle_pct": idle,
                 "cpu_idle_min_pct": min(idle, default=100.0)}
+
+    def probe(self, phase: str, flows: list[dict[str, Any]]) -> None:
+        """TTL-limited probes with each origin stream's 5-tuple: which uplink does it hash to?
+
+        The ISP answers from the address of the interface the probe arrived on
+        (``icmp_errors_use_inbound_ifaddr``), which names the uplink; max TTL 3 (dccore,
+        border, ISP) so no probe reaches the CDN node.
+        """
+        mine = [f for f in flows if f["role"] != "ingest"]
+        if not mine:
+            return
+        by_addr = {a.split("/")[0]: (r["name"], intf) for r in self.desc["routers"]
+                   for intf, addrs in r["interfaces"].items() for a in addrs}
+        arg = json.dumps([[f["proto"], f["src_ip"], f["dst_ip"], f["sport"], f["dport"]]
+                          for f in mine])
+        origin = self.host(mine[0]["src"])
+        out = origin.cmd(f"{sys.executable} -m lab.probe --max-ttl 3 --timeout 2 "
+                         f"--flows '{arg}'")
+        start = out.find('{"flows"')
+        traces = json.loads(out[start:])["flows"] if start >= 0 else [[] for _ in mine]
+        for f, hops in zip(mine, traces, strict=True):
+            uplink = None
+            for hop in hops:
+                _, intf = by_addr.get(hop["from"], (None, None))
+                port = next((p for p in self.rports if p.peer_intf == intf
+                             and p.role == "uplink" and p.node.startswith("border")), None)
+                if port is not None:
+                    uplink = port.name
+            f["probe"] = {"hops": [{**h, "node": by_addr.get(h["from"], ("?", ""))[0],
+                                    "intf": by_addr.get(h["from"], ("", "?"))[1]}
+                                   for h in hops],
+                          "uplink": uplink,
+                          "agrees": uplink is not None and f["uplinks"] == [uplink]}
 
     # -- processes -----------------------------------------------------------------------------
     def start_players(self, streams: list[Stream], work: Path, duration: float) -> list[Any]:
@@ -783,8 +831,10 @@ def phase_metrics(ph: dict[str, Any]) -> dict[str, Any]:
             **{k: v for k, v in ev.items() if not k.endswith("_unix")},
             "streams_on_cut": sorted(f["id"] for f in crossing),
             "outage_s": {f["id"]: round(f["max_gap_s"] or 0.0, 3) for f in crossing},
+            # Silently lost: the player never saw it, or it ended without its sender's
+            # clean close (TCP) / end marker (UDP), or frames went missing unaccounted.
             "streams_lost": sorted(f["id"] for f in flows if not f["received"]
-                                   or f["end_reason"] not in ("eos", "closed")),
+                                   or f["end_reason"] not in ("eof", "end-marker")),
         }
     return out
 
