@@ -19,7 +19,7 @@ CLI = [sys.executable, "-m", "lab.cli"]
 #: The names the lab and its tests give switches, routers, hosts and their interfaces.
 LAB_NODE = re.compile(r"(spine|leaf|core|agg|edge|psw)\d+")
 LAB_INTF = re.compile(r"(spine|leaf|core|agg|edge|psw|h|r|src|dst|border|isp|cdn|anchor|"
-                      r"viewer|dc)\d+-eth\d+")
+                      r"viewer|dc|dccore)\d*-eth\d+")
 
 
 def lab_leftovers() -> dict[str, list]:

@@ -1,0 +1,188 @@
+"""The live-streaming incident on real packets, real FRR, the real CLI.
+
+One ``fabriclab run streaming-incident`` (all six phases, about 75 s) feeds every assertion
+below, the way an engineer would check the story: BGP up and multipath in FRR's and the
+kernel's words; in the incident the big streams share one uplink, which drops while others
+idle, and viewers stall; both fixes end the stalls at the same offered load; ``diagnose``
+names the dropping link, confirmed by its queue's drop counter and by 5-tuple probes;
+failovers are BFD-fast and lose no stream; nothing of the run survives it, nor a kill -9.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from lab import diagnose, frr, state
+from tests.integration.support import CLI, REPO, fabriclab, lab_leftovers
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
+    pytest.mark.skipif(not frr.installed(), reason="FRR is not installed (make setup)"),
+]
+
+#: Per-link agreement between a router port's kernel counter and the flows its nftables
+#: counted leaving through it: a few per cent plus BGP/BFD keepalives and ARP.
+REL_TOL, ABS_TOL = 0.03, 64_000
+ETH_HEADER = 14
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("streaming") / "run"
+    fabriclab("run", "streaming-incident", "--out", str(out), timeout=600)
+    r = json.loads((out / "result.json").read_text())
+    r["_dir"] = str(out)
+    return r
+
+
+def phase(r: dict, name: str) -> dict:
+    return r["metrics"]["phases"][name]
+
+
+def test_bgp_sessions_and_multipath_from_frr_and_kernel(result):
+    bgp = result["metrics"]["bgp"]
+    assert set(bgp) == {"dccore", "border1", "border2", "isp1", "isp2"}
+    for router, info in bgp.items():
+        states = {s["peer"]: s["state"] for s in info["sessions"]}
+        assert states and all(v == "Established" for v in states.values()), (router, states)
+        assert all(s["prefixes"] > 0 for s in info["sessions"]), (router, info["sessions"])
+    # `ip route` in each namespace: dccore spreads over 2 borders x 2 core links, a border
+    # over its 2 uplinks to each ISP, an ISP over 2 borders x 2 uplinks to the DC.
+    assert len(bgp["dccore"]["multipath_routes"]["203.0.113.0/26"]) == 4
+    assert len(bgp["border1"]["multipath_routes"]["203.0.113.0/26"]) == 2
+    assert len(bgp["isp1"]["multipath_routes"]["10.0.0.0/8"]) == 4
+    print({r: i["multipath_routes"] for r, i in bgp.items()})
+
+
+def test_incident_one_uplink_saturates_while_others_idle(result):
+    before, inc = phase(result, "before-upgrade"), phase(result, "incident")
+    print("before", before["uplinks"], "stalls", before["stalls"])
+    print("incident", inc["uplinks"], inc["uplink_drops"], "stalls", inc["stalls"],
+          inc["stall_s"], inc["stalled_streams"])
+    assert before["stalls"] == 0 and before["fidelity_valid"]
+    hot = inc["hottest_uplink"]
+    isp1 = {n: u for n, u in inc["uplinks"].items() if n.split("->")[1].startswith("isp1")}
+    share = sum(isp1.values()) / len(isp1)
+    assert inc["uplinks"][hot] > 0.8 and inc["uplinks"][hot] > 2 * share
+    assert inc["uplink_drops"][hot] > 0
+    assert min(isp1.values()) < 0.1, "another uplink to the same ISP had spare capacity"
+    # Every interface and BGP session was up all along.
+    assert all(ln["up"] for ln in result["links"])
+    # The streams that stalled are the ones on the hot uplink.
+    flows = {f["id"]: f for f in result["flows"]}
+    assert inc["stalls"] > 0 and inc["stalled_streams"]
+    for sid in inc["stalled_streams"]:
+        assert hot in flows[sid]["uplinks"], (sid, flows[sid]["uplinks"])
+
+
+def test_fixes_remove_the_stalls_at_the_same_offered_load(result):
+    inc = phase(result, "incident")
+    for name in ("fix-hash", "fix-placement"):
+        fix = phase(result, name)
+        print(name, fix["uplinks"], "stalls", fix["stalls"], fix["config"].get("hash"))
+        assert fix["offered_mbps"] == inc["offered_mbps"]
+        assert fix["stalls"] == 0, fix["stalled_streams"]
+        assert fix["fidelity_valid"]
+        assert fix["hottest_util"] < inc["hottest_util"]
+    seeds = phase(result, "fix-hash")["config"]["hash"]
+    assert {v["mode"] for v in seeds.values()} == {"l4"}
+    assert seeds["dccore"]["seed"] != seeds["border1"]["seed"], "one seed per tier"
+
+
+def test_diagnose_names_the_dropping_link(result):
+    report = diagnose.diagnose(result)
+    inc = phase(result, "incident")
+    print(diagnose.render(report))
+    assert report["congested_link"] == inc["hottest_uplink"]
+    top = report["ranked"][0]
+    assert top["queue_drops"] == inc["uplink_drops"][inc["hottest_uplink"]] > 0
+    assert top["lost_at_port"] > 0
+    # The CLI prints the same for any run directory.
+    out = fabriclab("diagnose", result["_dir"]).stdout
+    assert f"congested link: {inc['hottest_uplink']}" in out
+    out = fabriclab("diagnose", result["_dir"], "--phase", "fix-hash").stdout
+    assert "phase=fix-hash" in out
+
+
+def test_probes_with_the_streams_own_5tuple_agree_with_counters(result):
+    for name in ("incident", "fix-hash"):
+        flows = [f for f in result["phase_details"][name]["flows"] if f["role"] != "ingest"]
+        assert flows
+        for f in flows:
+            print(name, f["id"], f["uplinks"], f["probe"]["uplink"])
+            assert f["probe"]["agrees"], f
+
+
+def test_router_links_agree_with_their_flows(result):
+    for name, ph in result["phase_details"].items():
+        carried: dict[str, int] = {}
+        for f in ph["flows"]:
+            for h in f["router_hops"]:
+                # What crossed the wire: counted by the far router (what the near one
+                # counted sending includes what its queue then dropped).
+                carried[h["link"]] = carried.get(h["link"], 0) + (h["arrived"] or 0)
+        for ln in ph["links"]:
+            if ln.get("role") != "uplink" or not ln["node"].startswith("border"):
+                continue
+            flows_bytes = carried.get(ln["name"], 0)
+            # The kernel counts the Ethernet header, nftables the IP packet.
+            ip_bytes = ln["tx_bytes"] - ETH_HEADER * ln["tx_packets"]
+            assert abs(ip_bytes - flows_bytes) <= max(ABS_TOL, REL_TOL * ip_bytes), \
+                (name, ln["name"], ip_bytes, flows_bytes)
+
+
+def test_failover_is_bfd_fast_and_loses_no_stream(result):
+    for name in ("failover-link", "failover-border"):
+        fo = phase(result, name)["failover"]
+        print(name, fo)
+        assert fo["withdrawn_after_s"] is not None and fo["withdrawn_after_s"] < 1.0
+        assert fo["returned_after_s"] is not None
+        assert fo["streams_on_cut"], "the cut element carried streams"
+        assert fo["streams_lost"] == []
+        assert all(0 < v < 2.0 for v in fo["outage_s"].values()), fo["outage_s"]
+    # Traffic returns to the restored uplink.
+    ev = result["phase_details"]["failover-link"]["events"]
+    restore_t = ev["restore_unix"] - ev["phase_start_unix"]
+    ln = next(x for x in result["phase_details"]["failover-link"]["links"]
+              if x.get("name") == ev["cut"])
+    after = [b for t, b in zip(ln["series"]["t"], ln["series"]["tx_bps"], strict=True)
+             if t > restore_t + 1.5]
+    assert max(after, default=0) > 1e6, "no traffic back on the restored uplink"
+
+
+def test_nothing_of_the_run_remains(result):
+    left = lab_leftovers()
+    assert not any(left.values()), left
+
+
+def test_kill_9_then_clean_leaves_no_frr(tmp_path):
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(CLI + ["run", "streaming-incident", "--set",
+                                   "phases=before-upgrade", "--out", str(out)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    daemons: list[dict] = []
+    while time.monotonic() < deadline and not daemons:
+        for path in state.records_dir().glob("*.json"):
+            rec = state.RunRecord.load(path)
+            if rec.owner_pid == proc.pid:
+                daemons = [p for p in rec.pids if str(p["what"]).startswith("frr ")]
+        time.sleep(0.2)
+    assert daemons, "FRR never started"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    fabriclab("clean")
+    alive = [p for p in daemons if state.pid_alive(int(p["pid"]), p["start"])]
+    assert not alive, alive
+    crash = [d for d in (Path("/var/tmp/frr") / f"{p['what'].split()[1]}.{p['pid']}"
+                         for p in daemons) if d.exists()]
+    assert not crash, crash
+    left = lab_leftovers()
+    assert not any(left.values()), left

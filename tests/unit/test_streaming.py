@@ -1,0 +1,99 @@
+"""streaming-incident as data: the edge topology, the stream plan, refusals, router counters.
+
+No root, no packets: what the lab would build and run, checked before anything starts.
+"""
+
+import random
+
+import pytest
+
+from lab import kinds, routerstats, scenario
+from lab.errors import ScenarioError, TopologyError
+from lab.kinds import streaming
+from lab.topologies import describe, make_topology
+
+
+def plan_for(sets=()):
+    sc = scenario.load("streaming-incident")
+    kind = kinds.get(sc.kind)
+    params = scenario.apply_sets(sc.params, scenario.parse_set(list(sets)), kind.SCHEMA)
+    params.setdefault("duration", 8.0)
+    scenario.validate(params, kind.SCHEMA)
+    desc = describe(make_topology(params["topology"]))
+    return desc, params, kind.plan(desc, params, random.Random(params.get("seed", 1)))
+
+
+def test_edge_topology_names_every_link_and_router():
+    desc = describe(make_topology({"type": "streaming-edge"}))
+    roles = [ln["role"] for ln in desc["router_links"]]
+    assert roles.count("uplink") == 2 * 2 * 2          # borders x ISPs x parallel uplinks
+    assert roles.count("core") == 2 * 2                 # borders x core links
+    assert {r["name"] for r in desc["routers"]} == {"dccore", "border1", "border2", "isp1",
+                                                     "isp2"}
+    # The fabric sees its hosts and the gateway, nothing behind the routers.
+    assert {h["name"] for h in desc["hosts"]} == {"h1", "h2", "h3", "h4", "h5", "dccore"}
+    assert all(ln["a"] not in {"isp1", "border1"} for ln in desc["links"])
+    ports = routerstats.router_ports(desc)
+    assert len({p.name for p in ports}) == len(ports)  # parallel links are told apart
+
+
+def test_border_announces_only_the_dc_prefix():
+    topo = make_topology({"type": "streaming-edge"})
+    conf = topo.bgp.configs("border1")["bgpd.conf"]
+    assert "ip prefix-list FL-OWN seq 5 permit 10.0.0.0/8" in conf
+    assert " network " not in conf          # the border does not originate it
+    assert conf.count("bfd profile fabriclab") == 6
+
+
+def test_plan_has_every_phase_and_distinct_5tuples():
+    _, _, streams = plan_for()
+    assert [p for p in streaming.PHASES if any(s.phase == p for s in streams)] == \
+        list(streaming.PHASES)
+    tuples = [(s.src_ip, s.dst_ip, s.sport, s.dport) for s in streams]
+    assert len(set(tuples)) == len(tuples)
+    inc = [s for s in streams if s.phase == "incident"]
+    big = [s for s in inc if s.role == "big"]
+    assert len(big) == 4 and {s.dst for s in big} == {"cdn1"}
+    assert sum(s.rate_mbps for s in big) > 20      # more than one upgraded uplink
+    before = [s for s in streams if s.phase == "before-upgrade" and s.role == "big"]
+    assert sum(s.rate_mbps for s in before) < 8    # fits one old uplink
+
+
+def test_phases_subset_keeps_order():
+    _, _, streams = plan_for(["phases=failover-link,incident"])
+    assert [s.phase for s in streams][0] == "incident"
+    assert {s.phase for s in streams} == {"incident", "failover-link"}
+
+
+@pytest.mark.parametrize("item, field", [
+    ("phases=incident,nosuch", "phases"),
+    ("failover.restore_at=2", "failover.restore_at"),
+    ("failover.restore_at=30", "failover.restore_at"),
+    ("after.servers=9", "after.servers"),
+    ("streams.proto=sctp", "streams.proto"),
+    ("before.big_streams=0", "before.big_streams"),
+    ("topology.uplinks=0", "topology.uplinks"),
+    ("topology.isps=9", "topology.isps"),
+    ("topology.uplink_bw=5000", "topology.uplink_bw"),
+    ("topology.nosuch=1", "topology.nosuch"),
+])
+def test_bad_values_name_their_field(item, field):
+    with pytest.raises((ScenarioError, TopologyError)) as exc:
+        plan_for([item])
+    assert exc.value.field == field, str(exc.value)
+
+
+def test_flow_counter_ruleset_and_parse():
+    text = routerstats.flow_counter_ruleset(["r-eth0", "r-eth1"])
+    assert 'oifname "r-eth1"' in text and 'iifname "r-eth0"' in text
+    assert text.count("flags dynamic; counter") == 4
+    doc = {"nftables": [{"metainfo": {}}, {"set": {"name": "out1", "elem": [
+        {"elem": {"val": {"concat": ["10.0.0.5", "203.0.113.10", "tcp", 40000, 9001]},
+                  "counter": {"packets": 3, "bytes": 4500}}}]}},
+        {"set": {"name": "in0"}}]}
+    got = routerstats.parse_flow_counters(doc, ["r-eth0", "r-eth1"])
+    assert got[("r-eth1", "out")] == {("10.0.0.5", "203.0.113.10", "tcp", 40000, 9001): 4500}
+    assert got[("r-eth0", "in")] == {}
+    later = {("r-eth1", "out"): {("10.0.0.5", "203.0.113.10", "tcp", 40000, 9001): 6000}}
+    assert routerstats.delta(later, got)[("r-eth1", "out")] == {
+        ("10.0.0.5", "203.0.113.10", "tcp", 40000, 9001): 1500}
