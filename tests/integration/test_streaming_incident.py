@@ -164,8 +164,8 @@ def test_nothing_of_the_run_remains(result):
 
 def test_kill_9_then_clean_leaves_no_frr(tmp_path):
     out = tmp_path / "killed"
-    proc = subprocess.Popen(CLI + ["run", "streaming-incident", "--set",
-                                   "phases=before-upgrade", "--out", str(out)], cwd=REPO,
+    proc = subprocess.Popen([*CLI, "run", "streaming-incident", "--set",
+                             "phases=before-upgrade", "--out", str(out)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     daemons: list[dict] = []

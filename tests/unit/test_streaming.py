@@ -61,7 +61,7 @@ def test_plan_has_every_phase_and_distinct_5tuples():
 
 def test_phases_subset_keeps_order():
     _, _, streams = plan_for(["phases=failover-link,incident"])
-    assert [s.phase for s in streams][0] == "incident"
+    assert streams[0].phase == "incident"
     assert {s.phase for s in streams} == {"incident", "failover-link"}
 
 
