@@ -143,7 +143,7 @@ def diagnose(result: dict[str, Any]) -> dict[str, Any]:
             entry["flows"].append(f["id"])
         worst = max(losses, key=losses.get, default=None)
         flows.append({"id": f["id"], "src": f["src"], "dst": f["dst"],
-                      "path": f["path"] + [h["to"] for h in f.get("router_hops", [])],
+                      "path": f.get("full_path", f["path"]),
                       "links": list(losses), "lost_bytes": sum(losses.values()),
                       "loss": f.get("loss", 0.0), "lost_on": worst if worst and
                       losses[worst] > 0 else None,

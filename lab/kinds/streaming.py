@@ -632,6 +632,9 @@ class EdgeRun:
         player = s.summary.get("player") or {}
         sender = s.summary.get("sender") or {}
         first_bytes = hops.get(path[0], 0) if path else 0
+        nodes: list[str] = []
+        for h in router_hops:
+            nodes += [n for n in (h["from"], h["to"]) if n not in nodes]
         entry = {
             "id": s.id, "kind": "stream", "role": s.role, "phase": s.phase, "src": s.src,
             "dst": s.dst, "src_ip": s.src_ip, "dst_ip": s.dst_ip, "proto": s.proto,
@@ -639,6 +642,9 @@ class EdgeRun:
             "path": path, "path_clean": clean, "hop_bytes": {sw: hops[sw] for sw in path},
             "reverse_path": rpath, "reverse_hop_bytes": {sw: rhops[sw] for sw in rpath},
             "router_hops": router_hops,
+            # Every node in travel order: the fabric's switches, then the routers (or the
+            # other way round for an anchor's push into the DC).
+            "full_path": path + nodes if s.role != "ingest" else nodes + path,
             "uplinks": [h["link"] for h in router_hops if h["role"] == "uplink"],
             "bytes": first_bytes or (router_hops[0]["sent"] if router_hops else 0),
             "goodput_bps": player.get("goodput_bps", 0.0),
