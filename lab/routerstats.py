@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from lab.telemetry import qdisc_stats
+
 NFT_TABLE = "fabriclab"
 FlowKey = tuple[str, str, str, int, int]     # src, dst, proto, sport, dport
 
@@ -83,17 +85,8 @@ def netdev(pid: int) -> dict[str, tuple[int, int, int]]:
 
 
 def qdiscs(pid: int) -> dict[str, tuple[int, int]]:
-    """{intf: (drops, backlog bytes)} of each root qdisc in the namespace."""
-    out = ns_run(pid, ["tc", "-s", "-j", "qdisc", "show"], check=False)
-    stats: dict[str, tuple[int, int]] = {}
-    try:
-        entries = json.loads(out.stdout or "[]")
-    except ValueError:
-        return stats
-    for q in entries:
-        if q.get("root"):
-            stats[q["dev"]] = (int(q.get("drops", 0)), int(q.get("backlog", 0)))
-    return stats
+    """{intf: (drops, backlog bytes)} of each root qdisc in the namespace of ``pid``."""
+    return qdisc_stats(("nsenter", "-t", str(pid), "-n"))
 
 
 @dataclass

@@ -53,9 +53,11 @@ def operstate(intf: str) -> str:
         return "absent"
 
 
-def qdisc_stats() -> dict[str, tuple[int, int]]:
-    """{dev: (drops, backlog bytes)} of each root qdisc in the root namespace."""
-    out = subprocess.run(["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True)
+def qdisc_stats(prefix: tuple[str, ...] = ()) -> dict[str, tuple[int, int]]:
+    """{dev: (drops, backlog bytes)} of each root qdisc in the root namespace (or wherever
+    ``prefix``, e.g. ``nsenter -t PID -n``, runs ``tc``)."""
+    out = subprocess.run([*prefix, "tc", "-s", "-j", "qdisc", "show"], capture_output=True,
+                         text=True, timeout=30)
     stats: dict[str, tuple[int, int]] = {}
     try:
         entries = json.loads(out.stdout or "[]")

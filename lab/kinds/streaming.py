@@ -792,11 +792,12 @@ def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
 
 
 def _keep_logs(work: Path, out_dir: Path) -> None:
+    """The controller's log (as every run keeps), the routers' logs and the streams' JSON."""
+    from lab import run as runmod
+    runmod._keep_logs(work, out_dir)
     for log in work.glob("*/*.log"):
         (out_dir / "frr" / log.parent.name).mkdir(parents=True, exist_ok=True)
         shutil.copy(log, out_dir / "frr" / log.parent.name / log.name)
-    if (work / "controller.log").exists():
-        shutil.copy(work / "controller.log", out_dir / "controller.log")
     if (work / "streams").is_dir():
         shutil.copytree(work / "streams", out_dir / "streams", dirs_exist_ok=True)
 
