@@ -111,8 +111,3 @@ def cut(node: Any, intfs: list[str]) -> None:
 def restore(node: Any) -> None:
     node.cmd(f"nft delete table netdev {CUT_TABLE} 2>/dev/null")
 
-
-def nexthop_devs(node: Any, prefix: str) -> list[str]:
-    out = node.cmd(f"ip -j route show exact {prefix}").strip()
-    routes = json.loads(out) if out.startswith("[") else []
-    return [nh.get("dev", "") for r in routes for nh in r.get("nexthops", [r])]

@@ -166,11 +166,16 @@ def execute(plan: Plan, out_dir: Path, progress: Progress = print) -> dict[str, 
         result["fidelity"]["notes"].append(f"pingall lost {loss:.0f}% before traffic")
     result["timings"] = {k: round(v, 3) for k, v in fabric.timings.items()}
     result["timings"]["wall_s"] = round(time.monotonic() - t_run, 3)
+    write_result(result, out_dir)
+    return result
+
+
+def write_result(result: dict[str, Any], out_dir: Path) -> None:
+    """Hold the result to schema 1, then write it: an invalid result is never written."""
     problems = validate(result)
     if problems:
         raise MachineError("result", "; ".join(problems))
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
-    return result
 
 
 def _keep_logs(work: Path, out_dir: Path) -> None:

@@ -27,6 +27,7 @@ import itertools
 import json
 import random
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -37,12 +38,14 @@ from typing import Any
 from lab import diagnose, edgecontrol, frr, routerstats, telemetry
 from lab.edge import CORE, GATEWAY_IP
 from lab.edgecontrol import FiveTuple
-from lab.errors import MachineError
+from lab.errors import MachineError, ScenarioError
 from lab.paths import adjacency, attachment, path_from_counters
 from lab.result import SCHEMA_VERSION, link_entries
 from lab.scenario import Param
 from lab.traffic import FlowSpec
 
+#: dccore's interface on the fabric (its port 0): where origin streams enter the routers.
+CORE_FABRIC_INTF = f"{CORE}-eth0"
 PHASES = ("before-upgrade", "incident", "fix-hash", "fix-placement", "failover-link",
           "failover-border")
 PLAYER_PORT_BASE = 9000
@@ -106,7 +109,6 @@ class Stream:
 
 
 def phase_names(params: dict[str, Any]) -> list[str]:
-    from lab.errors import ScenarioError
     wanted = str(params.get("phases", "all"))
     if wanted == "all":
         return list(PHASES)
@@ -119,7 +121,6 @@ def phase_names(params: dict[str, Any]) -> list[str]:
 
 def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> None:
     """Cross-field checks the per-key schema cannot make."""
-    from lab.errors import ScenarioError
     tp = topo_desc["params"]
     if topo_desc["type"] != "streaming-edge":
         raise ScenarioError("topology.type", "the streaming kind needs a streaming-edge topology")
@@ -184,8 +185,11 @@ class EdgeRun:
         self.routers = {r["name"]: fabric.host(r["name"]) for r in self.desc["routers"]}
         self.pids = {name: node.pid for name, node in self.routers.items()}
         self.rports = routerstats.router_ports(self.desc)
-        self.intfs = {name: [i for i in r["interfaces"]] for name, r in
-                      ((r["name"], r) for r in self.desc["routers"])}
+        self.intfs = {r["name"]: list(r["interfaces"]) for r in self.desc["routers"]}
+        self.port_at = {(p.node, p.intf): p for p in self.rports}
+        self.att = attachment(self.desc)
+        self.adj = adjacency(self.desc)
+        self.bridges = [sw["name"] for sw in self.desc["switches"]]
         self.fports = telemetry.fabric_ports(self.desc)
         self.seed = int(self.params["seed"])
         self.base_seeds = {name: 1 + (self.seed * 7919 + i * 104729) % 65521
@@ -209,16 +213,9 @@ class EdgeRun:
                                   self.fabric.run_dir, self.fabric.record)
         est = max(r.wait_established(20) for r in self.routers.values())
         # Multipath is complete when every router holds every prefix with all its paths.
-        want = self.expected_paths()
         deadline = time.monotonic() + 20
-        while True:
-            missing = {(r, p): n for (r, p), n in want.items()
-                       if len(edgecontrol.nexthop_devs(self.routers[r], p)) != n}
-            if not missing:
-                break
-            if time.monotonic() > deadline:
-                raise MachineError("bgp", f"multipath routes incomplete: {missing}")
-            time.sleep(0.05)
+        for (r, prefix), n in self.expected_paths().items():
+            self.routers[r].wait_nexthops(prefix, n, max(0.1, deadline - time.monotonic()))
         return {"frr_start_s": frr_s, "bgp_established_s": est,
                 "routing_ready_s": time.monotonic() - t0}
 
@@ -241,6 +238,16 @@ class EdgeRun:
                 want[(name, "10.0.0.0/8")] = tp["core_links"]
         return want
 
+    def start_sampling(self) -> None:
+        """Fabric ports and router ports, sampled on one clock for the whole run."""
+        self.sampler = telemetry.Sampler(self.fports, hz=SAMPLE_HZ)
+        self.sampler.start()
+        while not self.sampler.t0:        # t0 is set by the sampler thread itself
+            time.sleep(0.005)
+        self.rsampler = routerstats.RouterSampler(self.pids, self.rports, self.sampler.t0,
+                                                  hz=SAMPLE_HZ)
+        self.rsampler.start()
+
     def bgp_state(self) -> dict[str, Any]:
         """Each router's sessions (FRR's word) and its multipath routes (the kernel's)."""
         out = {}
@@ -249,7 +256,7 @@ class EdgeRun:
             routes = {}
             for (r, prefix), _n in self.expected_paths().items():
                 if r == name:
-                    routes[prefix] = edgecontrol.nexthop_devs(node, prefix)
+                    routes[prefix] = [h["dev"] for h in node.kernel_nexthops(prefix)]
             out[name] = {"sessions": [{"peer": a, "state": p.get("state"),
                                        "prefixes": p.get("pfxRcd", 0),
                                        "host": p.get("desc", "")}
@@ -294,18 +301,13 @@ class EdgeRun:
     def egress(self, phase: str) -> list[Stream]:
         return [s for s in self.streams if s.phase == phase and s.role != "ingest"]
 
-    def core_iif(self) -> str:
-        return f"{CORE}-eth0"
-
     def peer_of(self, node: str, intf: str) -> tuple[str, str]:
-        for p in self.rports:
-            if p.node == node and p.intf == intf:
-                return p.peer, p.peer_intf
-        raise KeyError(intf)
+        p = self.port_at[(node, intf)]
+        return p.peer, p.peer_intf
 
     def predict_uplinks(self, streams: list[Stream]) -> dict[str, str]:
         """stream id -> the uplink (``border-ethX->isp-ethY``) the kernel would choose."""
-        first = edgecontrol.predict(self.routers[CORE], self.core_iif(),
+        first = edgecontrol.predict(self.routers[CORE], CORE_FABRIC_INTF,
                                     [s.tuple for s in streams])
         by_border: dict[tuple[str, str], list[Stream]] = {}
         for s, dev in zip(streams, first, strict=True):
@@ -324,13 +326,9 @@ class EdgeRun:
         streams = self.egress(phase)
         best: tuple[float, int, dict[str, str]] | None = None
         for attempt in range(SEED_TRIES):
-            core_seed = self.base_seeds[CORE] + attempt
             for name, node in self.routers.items():
-                if name == CORE:
-                    edgecontrol.set_hash(node, "l4", core_seed)
-                elif name.startswith("border"):
-                    # Another tier, another seed: the same hash at two tiers polarises.
-                    edgecontrol.set_hash(node, "l4", self.base_seeds[name] + 7 * attempt + 1)
+                if not name.startswith("isp"):
+                    edgecontrol.set_hash(node, "l4", self.tier_seed(name, attempt))
             pred = self.predict_uplinks(streams)
             load: dict[str, float] = {}
             for s in streams:
@@ -344,15 +342,19 @@ class EdgeRun:
         hottest, attempt, pred = best
         seeds = {}
         for name, node in self.routers.items():
-            seed = (self.base_seeds[CORE] + attempt if name == CORE else
-                    self.base_seeds[name] + 7 * attempt + 1 if name.startswith("border")
-                    else self.base_seeds[name])
-            mode = "l3" if name.startswith("isp") else "l4"
-            edgecontrol.set_hash(node, mode, seed)
-            if not name.startswith("isp"):
-                seeds[name] = {"mode": mode, "seed": seed}
+            if not name.startswith("isp"):       # the ISPs are not ours: they keep L3
+                seeds[name] = {"mode": "l4", "seed": self.tier_seed(name, attempt)}
+                edgecontrol.set_hash(node, "l4", seeds[name]["seed"])
         return {"hash": seeds, "seed_tries": attempt + 1,
                 "predicted_uplink": pred, "predicted_hottest_util": round(hottest, 3)}
+
+    def tier_seed(self, name: str, attempt: int) -> int:
+        """The seed a router of ours gets in seed-search ``attempt``: dccore and the borders
+        step differently, so the two tiers never share a seed (the same hash at two tiers
+        polarises: a border would send all it gets from one dccore bucket to one uplink)."""
+        if name == CORE:
+            return self.base_seeds[name] + attempt
+        return self.base_seeds[name] + 7 * attempt + 1
 
     def place_by_load(self, phase: str, measured: dict[str, float]) -> dict[str, str]:
         """Greedy: biggest measured stream first, each onto the least-loaded uplink."""
@@ -496,7 +498,7 @@ class EdgeRun:
                    "--streams", str(len(group)), "--timeout", str(duration + 25),
                    "--ready-file", str(rf), "--out", str(work / f"{dst}.play.json")]
             proc = node.popen(cmd, stdout=open(work / f"{dst}.play.log", "wb"),  # noqa: SIM115
-                              stderr=subprocess_stdout())
+                              stderr=subprocess.STDOUT)
             self.fabric.record.add_pid(proc.pid, f"player {dst}")
             procs.append(proc)
             ready.append(rf)
@@ -519,8 +521,8 @@ class EdgeRun:
                    "--linger", "10", "--out", str(work / f"{s.stream_id}.send.json")]
             if s.proto == "tcp":
                 cmd += ["--cc", sp["cc"]]
-            proc = self.host(s.src).popen(cmd, stdout=subprocess_devnull(),
-                                          stderr=subprocess_stdout())
+            proc = self.host(s.src).popen(cmd, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.STDOUT)
             self.fabric.record.add_pid(proc.pid, f"sender {s.id}")
             procs.append(proc)
         return procs
@@ -622,10 +624,9 @@ class EdgeRun:
         fwd, rev = spec.watch_entries(s.index)
         hops = {sw: c.get(fwd["cookie"], (0, 0))[1] for sw, c in ovs.items()}
         rhops = {sw: c.get(rev["cookie"], (0, 0))[1] for sw, c in ovs.items()}
-        att = attachment(self.desc)
-        adj = adjacency(self.desc)
-        path, clean = path_from_counters(hops, att.get(s.src, att[CORE]), adj)
-        rpath, _ = path_from_counters(rhops, att.get(s.dst, att[CORE]), adj)
+        att = self.att
+        path, clean = path_from_counters(hops, att.get(s.src, att[CORE]), self.adj)
+        rpath, _ = path_from_counters(rhops, att.get(s.dst, att[CORE]), self.adj)
         key = (s.src_ip, s.dst_ip, s.proto, s.sport, s.dport)
         router_hops = self.router_path(key, CORE if s.role != "ingest" else self.isp_of(s.src),
                                        nft)
@@ -680,11 +681,10 @@ class EdgeRun:
                 sent = nft[node].get((intf, "out"), {}).get(key, 0)
                 if sent <= 0:
                     continue
-                try:
-                    peer, pintf = self.peer_of(node, intf)
-                except KeyError:
+                port = self.port_at.get((node, intf))
+                if port is None:
                     continue          # the fabric side: counted by OVS
-                role = next(p.role for p in self.rports if p.node == node and p.intf == intf)
+                peer, pintf, role = port.peer, port.peer_intf, port.role
                 arrived = nft[peer].get((pintf, "in"), {}).get(key, 0) if peer in routers \
                     else None
                 out.append({"link": f"{intf}->{pintf}", "from": node, "to": peer,
@@ -725,16 +725,6 @@ class RouteWatch(threading.Thread):
         self.join(timeout=5)
 
 
-def subprocess_stdout() -> int:
-    import subprocess
-    return subprocess.STDOUT
-
-
-def subprocess_devnull() -> int:
-    import subprocess
-    return subprocess.DEVNULL
-
-
 # -- the whole run -----------------------------------------------------------------------------
 def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
     from lab import run as runmod
@@ -758,13 +748,7 @@ def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
             reply = fabric.controller.request({"cmd": "watch", "flows": watch})
             if not reply.get("ok"):
                 raise MachineError("controller", str(reply.get("error")))
-            edge.bridges = [s["name"] for s in plan_.topo_desc["switches"]]
-            edge.sampler = telemetry.Sampler(edge.fports, hz=SAMPLE_HZ)
-            edge.sampler.start()
-            time.sleep(0.05)
-            edge.rsampler = routerstats.RouterSampler(edge.pids, edge.rports, edge.sampler.t0,
-                                                      hz=SAMPLE_HZ)
-            edge.rsampler.start()
+            edge.start_sampling()
             phases: dict[str, Any] = {}
             measured: dict[str, float] = {}
             try:
@@ -783,11 +767,7 @@ def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
     timings.update({k: round(v, 3) for k, v in fabric.timings.items()})
     timings["wall_s"] = round(time.monotonic() - t_run, 3)
     result = assemble(plan_, phases, bgp, bgp_after, timings)
-    from lab.result import validate
-    problems = validate(result)
-    if problems:
-        raise MachineError("result", "; ".join(problems))
-    (out_dir / "result.json").write_text(json.dumps(result, indent=1))
+    runmod.write_result(result, out_dir)
     return result
 
 
@@ -875,7 +855,7 @@ def assemble(plan_: Any, phases: dict[str, Any], bgp: dict[str, Any],
         "environment": plan_.env.as_result(), "topology": plan_.topo_desc,
         "params": plan_.params, "links": main["links"], "flows": main["flows"],
         "metrics": metrics, "timings": timings,
-        "phase_details": {n: {k: v for k, v in p.items()} for n, p in phases.items()},
+        "phase_details": phases,
         "fidelity": {"cpu_idle_min_pct": min(p["cpu_idle_min_pct"] for p in phases.values()),
                      "valid": valid, "notes": notes,
                      "wan_delay": "netem" if plan_.env.netem else "none (no netem)"},
