@@ -60,6 +60,25 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Port:
+    """A switch egress port and the queue the lab configured on it (rate, byte limit).
+
+    The controller needs both to program ECN marking: a marker that models the queue must
+    drain it at the port's rate and cap it at the port's limit.
+    """
+
+    switch: str
+    port: int
+    intf: str
+    rate_bps: int
+    limit_bytes: int
+
+
+#: ECN marking mechanisms the controller can program (``controllers.ecn``), or none.
+ECN_MECHANISMS = ("red", "tc-bpf", "none")
+
+
+@dataclass(frozen=True)
 class Config:
     policy: str
     seed: int
@@ -67,6 +86,9 @@ class Config:
     switches: tuple[Switch, ...]
     hosts: tuple[Host, ...]
     links: tuple[Link, ...]
+    ports: tuple[Port, ...] = ()
+    ecn_mechanism: str = "none"
+    build_dir: str = ""
 
     def switch_by_dpid(self) -> dict[int, str]:
         return {s.dpid: s.name for s in self.switches}
@@ -168,6 +190,28 @@ def parse(raw: Any) -> Config:
             raise ConfigError(f"{w}: a link from {a} to itself")
         links.append(Link(a, port_of(a, _get(lk, "a_port", w), f"{w}.a_port"),
                           b, port_of(b, _get(lk, "b_port", w), f"{w}.b_port")))
+    ports = []
+    for i, p in enumerate(raw.get("ports", [])):
+        w = f"ports[{i}]"
+        if not isinstance(p, dict):
+            raise ConfigError(f"{w}: expected an object")
+        sw = _str(_get(p, "switch", w), f"{w}.switch")
+        if sw not in known:
+            raise ConfigError(f"{w}.switch: unknown switch {sw!r}")
+        ports.append(Port(sw, _int(_get(p, "port", w), f"{w}.port", 1, MAX_PORT),
+                          _str(_get(p, "intf", w), f"{w}.intf"),
+                          _int(_get(p, "rate_bps", w), f"{w}.rate_bps", 1, 10**12),
+                          _int(_get(p, "limit_bytes", w), f"{w}.limit_bytes", 1, 2**31)))
+    ecn = raw.get("ecn", {})
+    if not isinstance(ecn, dict):
+        raise ConfigError("ecn: expected an object")
+    mechanism = ecn.get("mechanism", "none")
+    if mechanism not in ECN_MECHANISMS:
+        raise ConfigError(f"ecn.mechanism: {mechanism!r} is not one of "
+                          f"{', '.join(ECN_MECHANISMS)}")
+    build_dir = ecn.get("build_dir", "")
+    if not isinstance(build_dir, str):
+        raise ConfigError(f"ecn.build_dir: expected a path, got {build_dir!r}")
     policy = _str(_get(raw, "policy", "config"), "policy")
     try:
         policies.get(policy)
@@ -176,7 +220,8 @@ def parse(raw: Any) -> Config:
     return Config(policy=policy, seed=_int(raw.get("seed", 0), "seed", -(2**63), 2**63 - 1),
                   control_socket=_str(_get(raw, "control_socket", "config"),
                                       "control_socket"),
-                  switches=switches, hosts=tuple(hosts), links=tuple(links))
+                  switches=switches, hosts=tuple(hosts), links=tuple(links),
+                  ports=tuple(ports), ecn_mechanism=mechanism, build_dir=build_dir)
 
 
 def load(path: str | os.PathLike[str]) -> Config:

@@ -21,11 +21,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from controllers import config, openflow, plan, policies, routing
 from controllers.control import ControlServer
-from controllers.plan import FlowEntry, RequestError, Watch
+from controllers.plan import FlowEntry, Pin, RequestError, Watch
 from controllers.policies import FlowKey
 from controllers.runtime import (
     CONFIG_DISPATCHER,
@@ -108,6 +109,16 @@ class FabricApp(BaseApp):
         self._switches: dict[str, _Switch] = {}
         self._pending: dict[tuple[Any, int], _Pending] = {}
         self._watched: dict[int, Watch] = {}
+        self._pinned: dict[tuple[str, policies.FlowKey], Pin] = {}
+        self.ports_of: dict[str, set[int]] = {s.name: set() for s in self.cfg.switches}
+        for h in self.cfg.hosts:
+            self.ports_of[h.switch].add(h.port)
+        for lk in self.cfg.links:
+            self.ports_of[lk.a].add(lk.a_port)
+            self.ports_of[lk.b].add(lk.b_port)
+        self.queues = {p.intf: p for p in self.cfg.ports}
+        self._marker: Any = None            # controllers.ecn.Marker, made on first use
+        self._markings: dict[str, Any] = {}
         self._decisions = 0
         self.control = ControlServer(self.cfg.control_socket, self.handle_request, hub.spawn)
         LOG.info("fabric app on %s %s (%s hub): policy %s (%s) seed %d, %d switches, "
@@ -123,6 +134,8 @@ class FabricApp(BaseApp):
 
     def close(self) -> None:
         self.control.stop()
+        if self._marker is not None:
+            self._marker.close()
 
     # -- helpers (call with self._lock held) -------------------------------------------------
     def _current(self, dp: Any) -> _Switch | None:
@@ -152,6 +165,7 @@ class FabricApp(BaseApp):
             sw = _Switch(name, dp)
             self._switches[name] = sw
             watches = list(self._watched.values())
+            pins = [p for p in self._pinned.values() if p.switch == name]
             for msg in openflow.delete_everything(dp):
                 dp.send_msg(msg)
             dp.send_msg(openflow.barrier(dp))  # deletions done before anything is added
@@ -161,6 +175,8 @@ class FabricApp(BaseApp):
                 dp.send_msg(openflow.add_flow(dp, entry))
             for watch in watches:
                 dp.send_msg(openflow.add_flow(dp, plan.watch_entry(watch)))
+            for pin in pins:
+                dp.send_msg(openflow.add_flow(dp, plan.pin_entry(pin)))
             self._send_barrier(sw, lambda ok, why: self._programmed(sw, ok, why))
         LOG.info("%s (dpid %#x) %s: programming %d groups, %d entries, %d watch entries",
                  name, ev.msg.datapath_id, "reconnected" if old else "connected",
@@ -253,12 +269,17 @@ class FabricApp(BaseApp):
         cmd = req.get("cmd")
         if cmd == "status":
             return self.status()
-        if cmd == "watch":
-            try:
-                return self.watch(req.get("flows"))
-            except RequestError as exc:
-                return {"ok": False, "error": f"watch: {exc}"}
-        return {"ok": False, "error": f"unknown cmd {cmd!r} (known: status, watch)"}
+        handlers = {"watch": lambda: self.watch(req.get("flows")),
+                    "pin": lambda: self.pin(req.get("flows")),
+                    "ecn": lambda: self.ecn(req.get("ports")),
+                    "ecn_stats": self.ecn_stats}
+        if cmd not in handlers:
+            return {"ok": False, "error": f"unknown cmd {cmd!r} (known: status, "
+                                          f"{', '.join(handlers)})"}
+        try:
+            return handlers[cmd]()
+        except RequestError as exc:
+            return {"ok": False, "error": f"{cmd}: {exc}"}
 
     def status(self) -> dict[str, Any]:
         with self._lock:
@@ -280,17 +301,34 @@ class FabricApp(BaseApp):
         for w in watches:
             if by_cookie.setdefault(w.cookie, w) != w:
                 raise RequestError(f"cookie {w.cookie}: given twice for different flows")
-        replies = hub.Queue()
         with self._lock:
             replaced = [old for c, w in by_cookie.items()
                         if (old := self._watched.get(c)) is not None and old != w]
             self._watched.update(by_cookie)
             targets = list(self._switches.values())
+            changes = {sw.name: ([plan.watch_entry(o) for o in replaced],
+                                 [plan.watch_entry(w) for w in by_cookie.values()])
+                       for sw in targets}
+        failed = self._apply(targets, changes)
+        if failed:
+            return {"ok": False, "error": "watch: " + "; ".join(failed)}
+        LOG.info("watching %d flows on %d switches", len(by_cookie), len(targets))
+        return {"ok": True, "installed": len(by_cookie) * len(targets)}
+
+    def _apply(self, targets: list[_Switch],
+               changes: dict[str, tuple[list[FlowEntry], list[FlowEntry]]]) -> list[str]:
+        """Delete then add entries on each target switch; wait for every barrier reply.
+
+        Returns what failed (empty: every switch confirmed every change).
+        """
+        replies = hub.Queue()
+        with self._lock:
             for sw in targets:
-                for old in replaced:
-                    sw.dp.send_msg(openflow.delete_flow_strict(sw.dp, plan.watch_entry(old)))
-                for w in by_cookie.values():
-                    sw.dp.send_msg(openflow.add_flow(sw.dp, plan.watch_entry(w)))
+                deletes, adds = changes.get(sw.name, ([], []))
+                for entry in deletes:
+                    sw.dp.send_msg(openflow.delete_flow_strict(sw.dp, entry))
+                for entry in adds:
+                    sw.dp.send_msg(openflow.add_flow(sw.dp, entry))
                 self._send_barrier(sw, lambda ok, why, n=sw.name: replies.put((n, ok, why)))
         deadline = time.monotonic() + WATCH_BARRIER_TIMEOUT_S
         failed = []
@@ -302,7 +340,81 @@ class FabricApp(BaseApp):
                 break
             if not ok:
                 failed.append(f"{name}: {why}")
+        return failed
+
+    def pin(self, flows: Any) -> dict[str, Any]:
+        """Replace the set of placed flows: each 5-tuple leaves its switch by a given port.
+
+        The request is the whole placement (an empty list removes every pin), so the lab
+        can switch a job from hashing to placement and back between phases.
+        """
+        if not isinstance(flows, list):
+            raise RequestError("flows: expected a list")
+        pins = [plan.parse_pin(f, self.ports_of, f"flows[{i}]") for i, f in enumerate(flows)]
+        wanted = {(p.switch, p.key): p for p in pins}
+        if len(wanted) != len(pins):
+            raise RequestError("flows: a 5-tuple is placed twice on one switch")
+        with self._lock:
+            old = self._pinned
+            self._pinned = wanted
+            targets = list(self._switches.values())
+            changes = {sw.name: ([plan.pin_entry(p) for k, p in old.items()
+                                  if k[0] == sw.name and wanted.get(k) != p],
+                                 [plan.pin_entry(p) for k, p in wanted.items()
+                                  if k[0] == sw.name and old.get(k) != p])
+                       for sw in targets}
+        failed = self._apply(targets, changes)
         if failed:
-            return {"ok": False, "error": "watch: " + "; ".join(failed)}
-        LOG.info("watching %d flows on %d switches", len(by_cookie), len(targets))
-        return {"ok": True, "installed": len(by_cookie) * len(targets)}
+            return {"ok": False, "error": "pin: " + "; ".join(failed)}
+        LOG.info("placed %d flow entries", len(wanted))
+        return {"ok": True, "pinned": len(wanted)}
+
+    # -- ECN marking -------------------------------------------------------------------------
+    def ecn(self, ports: Any) -> dict[str, Any]:
+        """Set (or turn off) ECN marking per egress port, at run time.
+
+        ``ports`` is a list of {"intf": "leaf2-eth1", "k_bytes": K} (a step at K, as DCTCP
+        wants), {"intf", "kmin_bytes", "kmax_bytes", "pmax"} (RED/DCQCN-style), or
+        {"intf", "off": true}. Everything is checked before any port is touched.
+        """
+        from controllers import ecn as ecn_mod  # only runs with marking asked for
+        if self.cfg.ecn_mechanism == "none":
+            raise RequestError("this machine has no ECN marking mechanism")
+        if not isinstance(ports, list) or not ports:
+            raise RequestError("ports: expected a non-empty list")
+        todo = []
+        for i, item in enumerate(ports):
+            where = f"ports[{i}]"
+            if not isinstance(item, dict):
+                raise RequestError(f"{where}: expected an object")
+            intf = item.get("intf")
+            if intf not in self.queues:
+                raise RequestError(f"{where}.intf: no switch port {intf!r} in this fabric")
+            rest = {k: v for k, v in item.items() if k != "intf"}
+            if rest.get("off") is True and len(rest) == 1:
+                marking = None
+            else:
+                try:
+                    marking = ecn_mod.parse_marking(rest, where)
+                except ValueError as exc:
+                    raise RequestError(str(exc)) from None
+            todo.append((self.queues[intf], marking))
+        with self._lock:
+            if self._marker is None:
+                self._marker = ecn_mod.make_marker(self.cfg.ecn_mechanism,
+                                                   Path(self.cfg.build_dir))
+            marker = self._marker
+        for q, marking in todo:
+            try:
+                marker.set(ecn_mod.PortQueue(q.intf, q.rate_bps, q.limit_bytes), marking)
+            except ValueError as exc:
+                return {"ok": False, "error": f"ecn: {exc}"}
+            self._markings[q.intf] = None if marking is None else marking.__dict__
+            LOG.info("ecn %s on %s: %s", marker.mechanism, q.intf, marking or "off")
+        return {"ok": True, "mechanism": marker.mechanism, "marking": dict(self._markings)}
+
+    def ecn_stats(self) -> dict[str, Any]:
+        """The marker's own counters per port (CE marked, ECT seen, ...)."""
+        counters = self._marker.counters() if self._marker is not None else {}
+        return {"ok": True, "mechanism": self.cfg.ecn_mechanism, "ports": counters,
+                "marking": dict(self._markings)}

@@ -8,7 +8,9 @@ Pipeline (the numbers live here and only here):
 - table 1 (``TABLE_FORWARD``): IPv4 forwarding on the destination address. One candidate:
   output. Several: by the policy's granularity, a select group (``switch``), a per source
   entry (``pair``, ``PRIO_PAIR`` above a ``PRIO_DST`` fallback) or a send-to-controller that
-  packet-ins turn into exact ``PRIO_FLOW`` entries (``flow``).
+  packet-ins turn into exact ``PRIO_FLOW`` entries (``flow``). Above all of them, exact
+  ``PRIO_PIN`` entries the lab asks for: a placement computed from the whole job (a
+  collision-free ring), which no per-flow hash can know.
 
 There is no table-miss entry in table 1: traffic nobody routed (ARP, IPv6, unknown
 addresses) is dropped, never flooded, so every packet counted is one the lab expected.
@@ -33,6 +35,7 @@ PRIO_GATEWAY = 5          # table 1: frames for a gateway's MAC (off-fabric dest
 PRIO_DST = 10             # table 1: per destination host
 PRIO_PAIR = 20            # table 1: per (source, destination) host pair
 PRIO_FLOW = 30            # table 1: per 5-tuple, installed on packet-in
+PRIO_PIN = 40             # table 1: per 5-tuple, placed by the lab (``pin`` request)
 PRIO_WATCH = 100          # table 0: per 5-tuple counter
 
 FLOW_IDLE_TIMEOUT = 30    # s: reactive entries expire with their flow
@@ -82,6 +85,15 @@ class SwitchPlan:
 
 
 @dataclass(frozen=True)
+class Pin:
+    """A flow the lab placed: on ``switch`` this 5-tuple leaves by ``port``."""
+
+    switch: str
+    key: FlowKey
+    port: int
+
+
+@dataclass(frozen=True)
 class Watch:
     """A per-flow counter the lab asked for: this 5-tuple, counted under this cookie."""
 
@@ -108,6 +120,10 @@ def reactive_entry(key: FlowKey, port: int) -> FlowEntry:
 def watch_entry(watch: Watch) -> FlowEntry:
     return FlowEntry(TABLE_WATCH, PRIO_WATCH, flow_match(watch.key),
                      Action("goto", TABLE_FORWARD), cookie=watch.cookie)
+
+
+def pin_entry(pin: Pin) -> FlowEntry:
+    return FlowEntry(TABLE_FORWARD, PRIO_PIN, flow_match(pin.key), Action("output", pin.port))
 
 
 def _dst(ip: str) -> MatchFields:
@@ -208,16 +224,33 @@ def _req_ip(obj: Mapping[str, Any], key: str, where: str) -> str:
             from None
 
 
+def _req_key(obj: Mapping[str, Any], where: str) -> FlowKey:
+    proto = _req_int(obj, "proto", where, 0, 255)
+    sport = _req_int(obj, "sport", where, 0, 65535) if "sport" in obj else 0
+    dport = _req_int(obj, "dport", where, 0, 65535) if "dport" in obj else 0
+    if proto not in _L4_FIELDS:
+        sport = dport = 0                # not matched for protocols without ports
+    return FlowKey(_req_ip(obj, "src", where), _req_ip(obj, "dst", where), proto, sport, dport)
+
+
 def parse_watch(obj: Any, where: str = "flows[0]") -> Watch:
     """One element of a ``watch`` request's ``flows``."""
     if not isinstance(obj, Mapping):
         raise RequestError(f"{where}: expected an object")
     # Cookie 0 is what every forwarding entry carries: a counter under it would be lost.
     cookie = _req_int(obj, "cookie", where, 1, 2**64 - 1)
-    proto = _req_int(obj, "proto", where, 0, 255)
-    sport = _req_int(obj, "sport", where, 0, 65535) if "sport" in obj else 0
-    dport = _req_int(obj, "dport", where, 0, 65535) if "dport" in obj else 0
-    if proto not in _L4_FIELDS:
-        sport = dport = 0                # not matched for protocols without ports
-    return Watch(cookie, FlowKey(_req_ip(obj, "src", where), _req_ip(obj, "dst", where),
-                                 proto, sport, dport))
+    return Watch(cookie, _req_key(obj, where))
+
+
+def parse_pin(obj: Any, ports_of: Mapping[str, set[int]], where: str = "flows[0]") -> Pin:
+    """One element of a ``pin`` request: a 5-tuple, a switch and one of its ports."""
+    if not isinstance(obj, Mapping):
+        raise RequestError(f"{where}: expected an object")
+    switch = obj.get("switch")
+    if switch not in ports_of:
+        raise RequestError(f"{where}.switch: unknown switch {switch!r}")
+    port = _req_int(obj, "port", where, 1, 0xFFFFFF00)
+    if port not in ports_of[switch]:
+        raise RequestError(f"{where}.port: {switch} has no port {port} "
+                           f"(ports: {sorted(ports_of[switch])})")
+    return Pin(switch, _req_key(obj, where), port)

@@ -81,7 +81,7 @@ class Environment:
     userspace_tso: bool
     netem: bool
     red: bool
-    ecn: str                           # "red" | "tc-bpf" | "nftables" | "none"
+    ecn: str                           # "red" | "tc-bpf" | "none"
     delay: str                         # "netem" | "none"
     congestion_controls: list[str]
     dctcp: bool
@@ -122,12 +122,13 @@ def detect(runtime: str | None = None, probe_runtimes: bool = True) -> Environme
     red = qdisc_available("red limit 400000 min 30000 max 90000 avpkt 1500 burst 55 "
                           "probability 0.1 bandwidth 100mbit ecn")
     cc = _read("/proc/sys/net/ipv4/tcp_available_congestion_control").split()
+    # Marking must see the queue: RED where the kernel has it, else a tc-BPF virtual queue
+    # (needs clang to build it and bpftool to program it). nftables can set CE but cannot
+    # see a queue, so it is not a marker.
     if red:
         ecn = "red"
     elif shutil.which("clang") and shutil.which("bpftool"):
         ecn = "tc-bpf"
-    elif shutil.which("nft"):
-        ecn = "nftables"
     else:
         ecn = "none"
     dp = ovs_service.datapath()

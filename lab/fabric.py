@@ -24,6 +24,10 @@ from lab.errors import MachineError
 from lab.links import ShapedIntf, ShapedLink
 from lab.topologies import FabricTopo, describe
 
+#: Compiled BPF objects (the ECN marker), built on first use and kept across runs: they
+#: depend only on the source, and building takes a second of clang.
+BPF_BUILD_DIR = state.STATE_DIR / "bpf"
+
 
 def planned_names(topo: FabricTopo) -> tuple[list[str], list[str]]:
     """(OVS bridges, root-namespace interfaces) the topology will create.
@@ -42,7 +46,8 @@ def planned_names(topo: FabricTopo) -> tuple[list[str], list[str]]:
 
 
 def controller_config(topo_desc: dict, policy: str, seed: int,
-                      gateways: frozenset[str] = frozenset()) -> dict[str, object]:
+                      gateways: frozenset[str] = frozenset(), ecn: str = "none",
+                      build_dir: str = "") -> dict[str, object]:
     """What the controller needs to program L3 ECMP forwarding: no guessing on its side.
 
     ``gateways`` are hosts that route for addresses outside the fabric (a router's
@@ -60,7 +65,13 @@ def controller_config(topo_desc: dict, policy: str, seed: int,
                                                                                 link["a_port"])
             hosts.append((host, sw, port))
     by_name = {h["name"]: h for h in topo_desc["hosts"]}
+    switch_ports = [{"switch": node, "port": port, "intf": f"{node}-eth{port}",
+                     "rate_bps": int(link["bw_mbps"] * 1e6), "limit_bytes": link["queue_bytes"]}
+                    for link in topo_desc["links"]
+                    for node, port in ((link["a"], link["a_port"]), (link["b"], link["b_port"]))
+                    if node in switch_names]
     return {
+        "ports": switch_ports, "ecn": {"mechanism": ecn, "build_dir": build_dir},
         "policy": policy, "seed": seed,
         "switches": [{"name": s["name"], "dpid": s["dpid"]} for s in topo_desc["switches"]],
         "hosts": [{"name": h, "ip": by_name[h]["ip"], "mac": by_name[h]["mac"], "switch": sw,
@@ -135,7 +146,8 @@ class Fabric:
         self.record.save()
         self.controller = Controller(self.runtime,
                                      controller_config(self.desc, self.policy, self.seed,
-                                                       self.gateways),
+                                                       self.gateways, self.env.ecn,
+                                                       str(BPF_BUILD_DIR)),
                                      self.run_dir, self.record)
         self.controller.start()
         self.timings["controller_s"] = time.monotonic() - t0
