@@ -18,7 +18,7 @@ TOP_KEYS = ("schema", "scenario", "policy", "seed", "duration_s", "environment",
             "links", "flows", "metrics", "fidelity")
 ENV_KEYS = ("datapath", "ecn", "delay", "controller", "kernel")
 LINK_KEYS = ("node", "port", "peer", "bw_mbps", "tx_bytes", "tx_packets", "drops", "util_mean",
-             "util_max", "series")
+             "util_max", "series", "ce_marked")
 FLOW_KEYS = ("id", "kind", "src", "dst", "proto", "sport", "dport", "path", "bytes",
              "goodput_bps", "loss", "retransmits")
 
@@ -44,6 +44,8 @@ def link_entries(ports: list[Port], before: dict[Port, PortSnapshot],
             "drops": (a.qdisc_drops - b.qdisc_drops) + (a.tx_dropped - b.tx_dropped),
             "util_mean": round(tx_bytes * 8 / duration_s / cap, 4) if duration_s else 0.0,
             "util_max": round(max(bps, default=0) / cap, 4),
+            # Packets an ECN marker set CE on at this port (a kind with marking fills it in).
+            "ce_marked": 0,
             "series": {"t": t, "tx_bps": bps,
                        "queue_bytes": [s.queue_bytes[i] for i in idx]},
         })
@@ -51,15 +53,17 @@ def link_entries(ports: list[Port], before: dict[Port, PortSnapshot],
 
 
 def flow_entries(flows: list[FlowSpec], counters: dict[str, dict[int, tuple[int, int]]],
-                 topo_desc: dict) -> list[dict[str, Any]]:
+                 topo_desc: dict, indexes: list[int] | None = None) -> list[dict[str, Any]]:
     """Flows with the path their packets took, read from each switch's per-flow counters.
 
-    ``counters`` is {switch: {cookie: (packets, bytes)}} as deltas over the traffic phase.
+    ``counters`` is {switch: {cookie: (packets, bytes)}} as deltas over the traffic phase;
+    ``indexes`` are the flows' counter indexes when they are not their list positions (a
+    run whose phases each watch new flows).
     """
     adj = adjacency(topo_desc)
     att = attachment(topo_desc)
     entries = []
-    for i, f in enumerate(flows):
+    for i, f in zip(indexes or range(len(flows)), flows, strict=True):
         fwd, rev = f.watch_entries(i)
         hops = {sw: c.get(fwd["cookie"], (0, 0))[1] for sw, c in counters.items()}
         rhops = {sw: c.get(rev["cookie"], (0, 0))[1] for sw, c in counters.items()}
@@ -111,6 +115,8 @@ def validate(result: dict[str, Any]) -> list[str]:
         series = link.get("series", {})
         if len(series.get("t", [])) != len(series.get("tx_bps", [])):
             problems.append(f"links[{i}].series t and tx_bps differ in length")
+        if "queue_bytes" in series and len(series["queue_bytes"]) != len(series.get("t", [])):
+            problems.append(f"links[{i}].series t and queue_bytes differ in length")
     for i, flow in enumerate(result.get("flows", [])):
         problems += _missing(flow, FLOW_KEYS, f"flows[{i}]")
     problems += _missing(result.get("fidelity", {}), ("cpu_idle_min_pct", "valid", "notes"),

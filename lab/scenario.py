@@ -137,6 +137,8 @@ def resolve_key(key: str, params: dict[str, Any], schema: dict[str, Param]) -> s
     known = set(_leaf_keys(params)) | set(schema)
     if key in known or key.startswith("topology."):
         return key
+    if key.startswith("phases.") and schema_key(key) in known | set(COMMON_SCHEMA):
+        return key                         # a phase's own value for a known key
     matches = sorted(k for k in known if k.rsplit(".", 1)[-1] == key)
     if len(matches) == 1:
         return matches[0]
@@ -162,19 +164,29 @@ def apply_sets(params: dict[str, Any], sets: list[tuple[str, Any]],
     return out
 
 
+def schema_key(key: str) -> str:
+    """The schema entry a value's key is checked against.
+
+    A phase (``phases.<name>.<key>``) overrides keys of the scenario for that phase only,
+    so its values obey the same schema as the keys they override.
+    """
+    parts = key.split(".")
+    return ".".join(parts[2:]) if parts[0] == "phases" and len(parts) > 2 else key
+
+
 def validate(params: dict[str, Any], schema: dict[str, Param]) -> dict[str, Any]:
     """Check every non-topology value against the schema; unknown keys are errors."""
     full_schema = {**COMMON_SCHEMA, **schema}
     for key in _leaf_keys(params):
         if key.startswith("topology."):
             continue
-        if key not in full_schema:
+        if schema_key(key) not in full_schema:
             raise ScenarioError(key, f"unknown key (known: {', '.join(sorted(full_schema))})")
         node = params
         parts = key.split(".")
         for part in parts[:-1]:
             node = node[part]
-        node[parts[-1]] = full_schema[key].check(key, node[parts[-1]])
+        node[parts[-1]] = full_schema[schema_key(key)].check(key, node[parts[-1]])
     if "topology" in params and not isinstance(params["topology"], dict):
         raise ScenarioError("topology", "expected a mapping")
     return params

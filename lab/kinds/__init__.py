@@ -11,7 +11,7 @@ from types import ModuleType
 
 from lab.errors import ScenarioError
 
-KINDS = ("ecmp", "streaming")
+KINDS = ("ecmp", "streaming", "collective")
 
 
 def get(name: str) -> ModuleType:

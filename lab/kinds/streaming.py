@@ -616,6 +616,7 @@ class EdgeRun:
                 "drops": a.drops - b.drops,
                 "util_mean": round(tx * 8 / duration_s / (bw * 1e6), 4),
                 "util_max": round(max(bps, default=0) / (bw * 1e6), 4),
+                "ce_marked": 0,          # the routers' queues do not mark
                 "series": {"t": [round(s.t[i] - t_start, 3) for i in idx], "tx_bps": bps}})
         return entries
 

@@ -1,0 +1,599 @@
+"""Run a collective job's phases on one fabric: placement, paths, marking, traffic, counters.
+
+One fabric for every phase (bring-up is the slow part and the comparison is fairer on the
+same switches); each phase starts its own workers, so placement may change between phases.
+Per phase, in this order: place the ranks; plan every connection's 5-tuple; ask the
+controller to pin (or unpin) paths and to set ECN marking; watch every connection on every
+switch; start storage, sampling and capture; run the job to its last step; read every
+counter once the queues have drained; stop what the phase started.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lab import diagnose, ecnwire, telemetry
+from lab import jobmetrics as jm
+from lab.errors import MachineError
+from lab.kinds import collective as kind
+from lab.kinds.collective import Conn
+from lab.paths import attachment
+from lab.result import SCHEMA_VERSION, flow_entries, link_entries
+from lab.traffic import FlowSpec
+
+#: Source ports come from below the kernel's ephemeral range, so a fixed ``bind`` never
+#: races a port the kernel handed to another socket.
+SPORT_RANGE = range(20000, 32000)
+TCP_COUNTERS = {"TcpExt": ("TCPTimeouts", "TCPLossProbes", "TCPFastRetrans"),
+                "Tcp": ("RetransSegs", "OutSegs")}
+
+
+def tcp_counters(pid: int) -> dict[str, int]:
+    """A namespace's own TCP counters (per-netns in /proc/PID/net), e.g. RTO timeouts."""
+    out: dict[str, int] = {}
+    for name in ("netstat", "snmp"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{name}").read_text().splitlines()
+        except OSError:
+            continue
+        for head, vals in zip(lines[::2], lines[1::2], strict=False):
+            section, _, keys = head.partition(": ")
+            wanted = TCP_COUNTERS.get(section, ())
+            for k, v in zip(keys.split(), vals.partition(": ")[2].split(), strict=False):
+                if k in wanted:
+                    out[k] = int(v)
+    return out
+
+
+def _sum_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
+               ) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for host, vals in after.items():
+        for k, v in vals.items():
+            total[k] = total.get(k, 0) + v - before.get(host, {}).get(k, 0)
+    return total
+
+
+class JobRun:
+    """The running fabric plus what the job's phases need to know about it."""
+
+    def __init__(self, plan_: Any, fabric: Any, progress: Any) -> None:
+        self.plan = plan_
+        self.fabric = fabric
+        self.progress = progress
+        self.topo = plan_.topo_desc
+        self.rng = random.Random(int(plan_.params["seed"]))
+        self.sports = self.rng.sample(SPORT_RANGE, 2000)
+        self.ips = {h["name"]: h["ip"] for h in self.topo["hosts"]}
+        self.macs = {h["name"]: h["mac"] for h in self.topo["hosts"]}
+        self.leaf_of = attachment(self.topo)
+        self.ports = telemetry.fabric_ports(self.topo)
+        self.bw = {}
+        for ln in self.topo["links"]:
+            self.bw[(ln["a"], ln["b"])] = self.bw[(ln["b"], ln["a"])] = ln["bw_mbps"] * 1e6
+        self.next_index = 0
+        self.marked: set[str] = set()
+        self.work = fabric.run_dir / "job"
+        for h in self.topo["hosts"]:
+            # A GPU job's connections idle between steps; Linux would slow-start each step's
+            # first chunk again (RDMA transports do not): an artefact of TCP, not the fabric.
+            self.host(h["name"]).cmd("sysctl -qw net.ipv4.tcp_slow_start_after_idle=0")
+
+    def host(self, name: str) -> Any:
+        return self.fabric.host(name)
+
+    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.fabric.controller is not None
+        return self.fabric.controller.request(msg)
+
+    def spawn(self, host: str, argv: list[str], log: Path, what: str) -> subprocess.Popen:
+        out = open(log, "wb")  # noqa: SIM115 - the child owns it
+        proc = self.host(host).popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        self.fabric.record.add_pid(proc.pid, what)
+        return proc
+
+    # -- planning -----------------------------------------------------------------------------
+    def conns_for(self, pp: dict[str, Any], hosts: list[str]) -> list[Conn]:
+        job = pp["job"]
+        if job["pattern"] == "ring":
+            conns = kind.ring_conns(hosts, self.ips, job, self.sports, self.next_index)
+        else:
+            rx = self.receiver(pp, hosts)
+            conns = []
+            for i, h in enumerate(x for x in hosts if x != rx):
+                spec = FlowSpec(id=f"s{i + 1}", src=h, dst=rx, src_ip=self.ips[h],
+                                dst_ip=self.ips[rx], proto="tcp", sport=self.sports.pop(),
+                                dport=kind.SINK_PORT, rate_bps=0.0, kind="incast",
+                                cc=job["cc"])
+                conns.append(Conn(spec, i + 1, 0, self.next_index + i))
+        self.next_index += len(conns)
+        return conns
+
+    def storage_conns(self, pp: dict[str, Any], hosts: list[str]) -> list[Conn]:
+        st = pp["storage"]
+        if st["mode"] == "off":
+            return []
+        conns = []
+        for r, h in enumerate(hosts):
+            srv = st["hosts"][r % len(st["hosts"])]
+            for what in ("read", "checkpoint"):
+                src, dst = (srv, h) if what == "read" else (h, srv)
+                sport = self.sports.pop()
+                # A read flows from the server; its 5-tuple is the client's connection seen
+                # from the server's side.
+                spec = FlowSpec(id=f"{what}{r}", src=src, dst=dst, src_ip=self.ips[src],
+                                dst_ip=self.ips[dst], proto="tcp",
+                                sport=kind.STORAGE_PORT if what == "read" else sport,
+                                dport=sport if what == "read" else kind.STORAGE_PORT,
+                                rate_bps=st["read_mbps"] * 1e6 if what == "read" else 0.0,
+                                kind=f"storage-{what}", cc=pp["job"]["cc"])
+                conns.append(Conn(spec, r, 0, self.next_index))
+                self.next_index += 1
+        return conns
+
+    @staticmethod
+    def receiver(pp: dict[str, Any], hosts: list[str]) -> str:
+        return pp["placement"]["receiver"] or hosts[0]
+
+    def bottleneck_bps(self, flows: list[dict[str, Any]]) -> float:
+        """The slowest configured link any of the job's connections crossed."""
+        rates = []
+        for f in flows:
+            hops = [f["src"], *f["path"], f["dst"]]
+            rates += [self.bw[(a, b)] for a, b in itertools.pairwise(hops)
+                      if (a, b) in self.bw]
+        return min(rates, default=0.0)
+
+    # -- controller: paths and marking ----------------------------------------------------------
+    def set_paths(self, pp: dict[str, Any], conns: list[Conn]) -> list[dict[str, Any]]:
+        """Pin the job's connections (``balanced``) or hand them back to the policy."""
+        pins: list[dict[str, Any]] = []
+        if pp["placement"]["paths"] == "balanced":
+            up = kind.uplink_ports(self.topo)
+            pins = kind.balanced_pins([c for c in conns if c.spec.kind == "allreduce"],
+                                      self.leaf_of, up)
+        self.request({"cmd": "pin", "flows": pins})
+        return pins
+
+    def set_marking(self, pp: dict[str, Any], where: str) -> dict[str, Any] | None:
+        body = kind.check_marking(pp["ecn"], where)
+        ports = set(pp["ecn"]["ports"]) if body else set()
+        todo = [{"intf": p, **body} for p in sorted(ports)] if body else []
+        todo += [{"intf": p, "off": True} for p in sorted(self.marked - ports)]
+        if todo:
+            self.request({"cmd": "ecn", "ports": todo})
+        self.marked = ports
+        return body
+
+    def ecn_counters(self) -> dict[str, dict[str, int]]:
+        if not self.marked and self.plan.env.ecn == "none":
+            return {}
+        return self.request({"cmd": "ecn_stats"}).get("ports", {})
+
+    # -- storage --------------------------------------------------------------------------------
+    def storage_classes(self, pp: dict[str, Any], hosts: list[str], on: bool) -> None:
+        """Storage traffic in a low-priority class of each GPU host's NIC, or back to one FIFO.
+
+        The NIC is the link a GPU's ring and its checkpoint share. Classes are applied
+        there (htb: the job's class borrows first; storage gets what is left, at least
+        5 %); the switches' ports stay single FIFOs (OVS's ``set_queue`` does not steer
+        packets in the userspace datapath).
+        """
+        for h in hosts:
+            node = self.host(h)
+            intf = node.defaultIntf()
+            dev = intf.name
+            rate = intf.params["bw"]
+            limit = intf.params["queue_bytes"]
+            burst = 70000
+            node.cmd(f"tc qdisc del dev {dev} root 2>/dev/null")
+            cmds = [f"tc qdisc add dev {dev} root handle 1: htb default " + ("11" if on else "1")]
+            if on:
+                cmds += [
+                    f"tc class add dev {dev} parent 1: classid 1:1 htb rate {rate}mbit "
+                    f"ceil {rate}mbit burst {burst} cburst {burst} quantum 100000",
+                    f"tc class add dev {dev} parent 1:1 classid 1:11 htb rate {rate * 0.95}mbit"
+                    f" ceil {rate}mbit burst {burst} cburst {burst} prio 0 quantum 100000",
+                    f"tc class add dev {dev} parent 1:1 classid 1:12 htb rate {rate * 0.05}mbit"
+                    f" ceil {rate}mbit burst {burst} cburst {burst} prio 1 quantum 100000",
+                    f"tc qdisc add dev {dev} parent 1:11 handle 11: bfifo limit {limit}",
+                    f"tc qdisc add dev {dev} parent 1:12 handle 12: bfifo limit {limit}",
+                    f"tc filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dport "
+                    f"{kind.STORAGE_PORT} 0xffff flowid 1:12",
+                ]
+            else:
+                cmds += [
+                    f"tc class add dev {dev} parent 1: classid 1:1 htb rate {rate}mbit "
+                    f"ceil {rate}mbit burst {burst} cburst {burst} quantum 100000",
+                    f"tc qdisc add dev {dev} parent 1:1 handle 10: bfifo limit {limit}",
+                ]
+            for cmd in cmds:
+                out = node.cmd(f"{cmd} 2>&1; echo __rc=$?")
+                text, _, rc = out.rpartition("__rc=")
+                if rc.strip() != "0":
+                    raise MachineError("storage", f"{h}: `{cmd}` failed: {text.strip()}")
+
+    def start_storage(self, pp: dict[str, Any], conns: list[Conn], work: Path,
+                      duration_s: float) -> list[subprocess.Popen]:
+        st = pp["storage"]
+        procs = []
+        for srv in st["hosts"]:
+            procs.append(self.spawn(srv, [sys.executable, "-m", "lab.storage", "serve",
+                                          "--listen", f"{self.ips[srv]}:{kind.STORAGE_PORT}",
+                                          "--out", str(work / f"storage-{srv}.json")],
+                                    work / f"storage-{srv}.log", f"storage server {srv}"))
+        for srv in st["hosts"]:
+            self.wait_listening(srv, kind.STORAGE_PORT)
+        by_rank: dict[int, dict[str, Conn]] = {}
+        for c in conns:
+            by_rank.setdefault(c.rank, {})[c.spec.kind] = c
+        for r, cs in sorted(by_rank.items()):
+            read, ckpt = cs["storage-read"], cs["storage-checkpoint"]
+            client = ckpt.spec.src
+            procs.append(self.spawn(client, [
+                sys.executable, "-m", "lab.storage", "client",
+                "--server", f"{ckpt.spec.dst_ip}:{kind.STORAGE_PORT}",
+                "--bind", self.ips[client], "--read-sport", str(read.spec.dport),
+                "--write-sport", str(ckpt.spec.sport), "--read-bps", str(st["read_mbps"] * 1e6),
+                "--checkpoint-bytes", str(st["checkpoint_bytes"]),
+                "--every-s", str(st["every_s"]), "--first-at-s", str(st["first_at_s"]),
+                "--duration-s", str(duration_s), "--out", str(work / f"client{r}.json")],
+                work / f"client{r}.log", f"storage client {r}"))
+        return procs
+
+    def wait_listening(self, host: str, port: int, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if f":{port}" in self.host(host).cmd(f"ss -Hltn 'sport = :{port}'"):
+                return
+            time.sleep(0.02)
+        raise MachineError("traffic", f"nothing listens on {host}:{port} after {timeout_s:g} s")
+
+    # -- the job --------------------------------------------------------------------------------
+    def start_ring(self, pp: dict[str, Any], hosts: list[str], conns: list[Conn],
+                   work: Path) -> list[subprocess.Popen]:
+        job = pp["job"]
+        n = len(hosts)
+        procs = []
+        for r, h in enumerate(hosts):
+            sports = [c.spec.sport for c in sorted(conns, key=lambda c: c.epoch)
+                      if c.rank == r]
+            nxt = hosts[(r + 1) % n]
+            argv = [sys.executable, "-m", "lab.collective", "ring", "--rank", str(r),
+                    "--world", str(n), "--listen", f"{self.ips[h]}:{kind.RING_PORT + r}",
+                    "--next", f"{self.ips[nxt]}:{kind.RING_PORT + (r + 1) % n}",
+                    "--bind", self.ips[h], "--sports", ",".join(map(str, sports)),
+                    "--size", str(job["size_bytes"]), "--steps", str(job["steps"]),
+                    "--warmup", str(job["warmup"]), "--compute-s", str(job["compute_s"]),
+                    "--jitter-s", str(job["jitter_s"]), "--seed", str(self.plan.params["seed"]),
+                    "--straggler-rank", str(job["straggler_rank"]),
+                    "--straggler-s", str(job["straggler_s"]), "--buckets", str(job["buckets"]),
+                    "--epoch-steps", str(job["epoch_steps"]), "--cc", job["cc"],
+                    "--connect-timeout-s", "20", "--out", str(work / f"rank{r}.json")]
+            procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"ring rank {r}"))
+        return procs
+
+    def start_incast(self, pp: dict[str, Any], conns: list[Conn],
+                     work: Path) -> list[subprocess.Popen]:
+        job = pp["job"]
+        rx = conns[0].spec.dst
+        burst = job["size_bytes"] // len(conns)
+        procs = [self.spawn(rx, [sys.executable, "-m", "lab.collective", "incast-sink",
+                                 "--listen", f"{self.ips[rx]}:{kind.SINK_PORT}",
+                                 "--senders", str(len(conns)), "--burst", str(burst),
+                                 "--steps", str(job["steps"]), "--gap-s", str(job["compute_s"]),
+                                 "--out", str(work / "sink.json")],
+                            work / "sink.log", "incast sink")]
+        self.wait_listening(rx, kind.SINK_PORT)
+        for c in conns:
+            f = c.spec
+            procs.append(self.spawn(f.src, [sys.executable, "-m", "lab.collective",
+                                            "incast-send", "--connect",
+                                            f"{f.dst_ip}:{kind.SINK_PORT}", "--bind", f.src_ip,
+                                            "--sport", str(f.sport), "--cc", job["cc"],
+                                            "--out", str(work / f"{f.id}.json")],
+                                    work / f"{f.id}.log", f"incast sender {f.id}"))
+        return procs
+
+    def microbursts(self, pp: dict[str, Any], hosts: list[str], rx: str,
+                    work: Path) -> dict[str, Any]:
+        """Fixed-shape UDP bursts (scapy-crafted, ECT(0)) from a few senders into the
+        receiver's port at once: where in a burst CE marks and drops begin."""
+        mb = pp["microburst"]
+        senders = [h for h in hosts if h != rx][:mb["senders"]]
+        expect = len(senders) * mb["count"] * mb["bursts"]
+        recv = self.spawn(rx, [sys.executable, "-m", "lab.microburst", "--recv",
+                               "--bind", self.ips[rx], "--port", str(kind.BURST_PORT),
+                               "--expect", str(expect), "--timeout-s", "6",
+                               "--out", str(work / "burst-recv.json")],
+                          work / "burst-recv.log", "micro-burst receiver")
+        time.sleep(0.3)
+        procs = []
+        for i, h in enumerate(senders):
+            node = self.host(h)
+            procs.append(self.spawn(h, [
+                sys.executable, "-m", "lab.microburst", "--iface", node.defaultIntf().name,
+                "--src-mac", self.macs[h], "--dst-mac", self.macs[rx], "--src-ip", self.ips[h],
+                "--dst-ip", self.ips[rx], "--sport", str(kind.BURST_PORT + 1 + i),
+                "--dport", str(kind.BURST_PORT), "--count", str(mb["count"]),
+                "--size", str(mb["size"]), "--ecn", "ect0", "--bursts", str(mb["bursts"]),
+                "--gap-s", "0.5", "--out", str(work / f"burst-{h}.json")],
+                work / f"burst-{h}.log", f"micro-burst sender {h}"))
+        for p in procs:
+            _wait(p, 30)
+        _wait(recv, 15)
+        out = {"senders": senders, "recv": _load(work / "burst-recv.json"),
+               "sent": {h: _load(work / f"burst-{h}.json") for h in senders}}
+        return out
+
+    def run_phase(self, name: str, pp: dict[str, Any]) -> dict[str, Any]:
+        job = pp["job"]
+        work = self.work / name
+        work.mkdir(parents=True, exist_ok=True)
+        where = "ecn" if name == "run" else f"phases.{name}.ecn"
+        hosts = kind.place_workers(self.topo, pp, self.rng)
+        conns = self.conns_for(pp, hosts)
+        sconns = self.storage_conns(pp, hosts)
+        all_conns = conns + sconns
+        pinned = self.set_paths(pp, conns)
+        marking = self.set_marking(pp, where)
+        ecn_flag = 1 if job["ecn"] else 0
+        for h in {*hosts, *pp["storage"]["hosts"]}:
+            self.host(h).cmd(f"sysctl -qw net.ipv4.tcp_ecn={ecn_flag}")
+        watch = [e for c in all_conns for e in c.spec.watch_entries(c.index)]
+        self.request({"cmd": "watch", "flows": watch})
+        estimate = job["steps"] * (job["compute_s"] + job["straggler_s"] + 2.0) + 20
+        if pp["storage"]["mode"] == "classes":
+            self.storage_classes(pp, hosts, on=True)
+        bridges = [s["name"] for s in self.topo["switches"]]
+        sampler = telemetry.Sampler(self.ports, hz=float(pp["sample_hz"]))
+        watched_hosts = sorted({*hosts, *pp["storage"]["hosts"]})
+        procs: list[subprocess.Popen] = []
+        capture = None
+        bursts: dict[str, Any] | None = None
+        try:
+            sampler.start()
+            time.sleep(0.05)
+            before = telemetry.snapshot(self.ports)
+            flows0 = {br: telemetry.flow_counters(br) for br in bridges}
+            ecn0 = self.ecn_counters()
+            tcp0 = {h: tcp_counters(self.host(h).pid) for h in watched_hosts}
+            t_start = time.monotonic() - sampler.t0
+            if sconns:
+                procs += self.start_storage(pp, sconns, work, estimate)
+            if job["pattern"] == "incast":
+                rx = conns[0].spec.dst
+                capture = ecnwire.start_capture(self.host(rx).popen,
+                                                self.host(rx).defaultIntf().name,
+                                                work / "receiver.pcap")
+                self.fabric.record.add_pid(capture.pid, "tcpdump at the incast receiver")
+                workers = self.start_incast(pp, conns, work)
+            else:
+                workers = self.start_ring(pp, hosts, conns, work)
+            procs += workers
+            self.progress(f"[{name}] {len(hosts)} workers on {', '.join(hosts)}: "
+                          f"{job['steps']} steps of {job['pattern']} "
+                          f"{job['size_bytes'] / 1e6:g} MB"
+                          + (f", {len(pinned)} paths placed" if pinned else "")
+                          + (f", ECN marking {marking}" if marking else ""))
+            deadline = time.monotonic() + estimate
+            for p in workers:
+                _wait(p, max(1.0, deadline - time.monotonic()))
+            t_job_end = time.monotonic() - sampler.t0
+            if job["pattern"] == "incast" and pp["microburst"]["senders"]:
+                bursts = self.microbursts(pp, hosts, conns[0].spec.dst, work)
+            for p in procs:                      # storage: stop it with the job
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                _wait(p, 5)
+            if capture is not None:
+                capture.stop()
+            after = telemetry.drained_snapshot(self.ports)
+            t_end = time.monotonic() - sampler.t0
+            flows1 = telemetry.settled_flow_counters(bridges)
+            ecn1 = self.ecn_counters()
+            tcp1 = {h: tcp_counters(self.host(h).pid) for h in watched_hosts}
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            if capture is not None and capture.proc.poll() is None:
+                capture.proc.kill()
+            sampler.stop()
+            if pp["storage"]["mode"] == "classes":
+                self.storage_classes(pp, hosts, on=False)
+        measured = max(t_end - t_start, 1e-3)
+        counters = {br: {c: (v[0] - flows0[br].get(c, (0, 0))[0],
+                             v[1] - flows0[br].get(c, (0, 0))[1])
+                         for c, v in flows1[br].items()} for br in bridges}
+        outputs = self.read_outputs(pp, conns, work)
+        self.attach_results(conns, outputs)
+        flows = flow_entries([c.spec for c in all_conns], counters, self.topo,
+                             [c.index for c in all_conns])
+        for f, c in zip(flows, all_conns, strict=True):
+            f["epoch"], f["rank"] = c.epoch, c.rank
+        links = link_entries(self.ports, before, after, sampler, measured, t_start)
+        for ln in links:
+            c0, c1 = ecn0.get(ln["intf"], {}), ecn1.get(ln["intf"], {})
+            ln["ce_marked"] = c1.get("ce_marked", 0) - c0.get("ce_marked", 0)
+            ln["ecn_marking"] = marking if ln["intf"] in self.marked else None
+        idle = [round(x, 1) for x in sampler.cpu_idle_pct(t_start, t_job_end)]
+        metrics = self.phase_metrics(pp, hosts, outputs, flows, links, work)
+        metrics["retransmits"] = sum(f["retransmits"] for f in flows
+                                     if f["kind"] in ("allreduce", "incast"))
+        metrics["tcp"] = _sum_delta(tcp0, tcp1)
+        metrics["ce_marked"] = sum(ln["ce_marked"] for ln in links)
+        metrics["marking"] = {"mechanism": self.plan.env.ecn, "config": marking,
+                              "ports": sorted(self.marked)}
+        metrics["paths"] = pp["placement"]["paths"]
+        by_tuple = {(f["src_ip"], f["sport"], f["dst_ip"], f["dport"]): f["id"] for f in flows}
+        metrics["pins"] = [{"flow": by_tuple.get((p["src"], p["sport"], p["dst"], p["dport"])),
+                            "switch": p["switch"], "port": p["port"]} for p in pinned]
+        metrics["placement"] = pp["placement"]["hosts"]
+        metrics["hosts"] = hosts
+        metrics["cpu_idle_min_pct"] = min(idle, default=100.0)
+        metrics["fidelity_valid"] = (metrics["cpu_idle_min_pct"] >= kind.MIN_CPU_IDLE_PCT
+                                     and not any(o.get("error") for o in outputs))
+        if capture is not None:
+            metrics["wire"] = ecnwire.summarize(work / "receiver.pcap",
+                                                [_flow_id(f) for f in flows])
+            (work / "receiver.pcap").unlink(missing_ok=True)   # captures are not kept
+        if bursts is not None:
+            metrics["microburst"] = bursts
+        return {"duration_s": round(measured, 3), "links": links, "flows": flows,
+                "metrics": metrics, "cpu_idle_pct": idle, "outputs": outputs}
+
+    def read_outputs(self, pp: dict[str, Any], conns: list[Conn],
+                     work: Path) -> list[dict[str, Any]]:
+        if pp["job"]["pattern"] == "ring":
+            return [_load(work / f"rank{r}.json") for r in range(len({c.rank for c in conns}))]
+        return [_load(work / "sink.json")] + [_load(work / f"{c.spec.id}.json") for c in conns]
+
+    def attach_results(self, conns: list[Conn], outputs: list[dict[str, Any]]) -> None:
+        """Each connection's TCP_INFO (as its sender saw it) onto its flow."""
+        info = {}
+        for out in outputs:
+            for c in out.get("connections", []):
+                info[(c.get("sport"), c.get("dport"), c.get("src"))] = c
+        for c in conns:
+            got = info.get((c.spec.sport, c.spec.dport, c.spec.src_ip), {})
+            c.spec.result = {"retransmits": got.get("retransmits", 0),
+                             "sent_bytes": got.get("bytes_acked", 0),
+                             "error": None}
+
+    def phase_metrics(self, pp: dict[str, Any], hosts: list[str],
+                      outputs: list[dict[str, Any]], flows: list[dict[str, Any]],
+                      links: list[dict[str, Any]], work: Path) -> dict[str, Any]:
+        job = pp["job"]
+        job_flows = [f for f in flows if f["kind"] in ("allreduce", "incast")]
+        if job["pattern"] == "ring":
+            checkpoints = None
+            if pp["storage"]["mode"] != "off":
+                checkpoints = [(c["t_start"], c["t_end"]) for r in range(len(hosts))
+                               for c in _load(work / f"client{r}.json").get("checkpoints", [])]
+            mt = jm.ring_metrics(outputs, len(hosts), job["size_bytes"],
+                                 self.bottleneck_bps(job_flows), job_flows, checkpoints)
+        else:
+            rx = job_flows[0]["dst"]
+            rate = self.bw[(self.leaf_of[rx], rx)]
+            mt = jm.incast_metrics(outputs[0], len(job_flows), job["size_bytes"]
+                                   // len(job_flows), job["compute_s"], rate)
+        qports = pp["ecn"]["ports"] or self.hot_ports(links)
+        mt["queues"] = {ln["intf"]: {"max_bytes": max(ln["series"]["queue_bytes"], default=0),
+                                     "delay_ms": jm.queue_delay_ms(ln["series"]["queue_bytes"],
+                                                                   ln["bw_mbps"] * 1e6),
+                                     "drops": ln["drops"], "ce_marked": ln.get("ce_marked", 0)}
+                        for ln in links if ln["intf"] in qports}
+        mt["drops"] = sum(ln["drops"] for ln in links)
+        mt["errors"] = [o["error"] for o in outputs if o.get("error")]
+        return mt
+
+    @staticmethod
+    def hot_ports(links: list[dict[str, Any]], n: int = 3) -> list[str]:
+        return [ln["intf"] for ln in sorted(links, key=lambda ln: -ln["util_mean"])[:n]]
+
+
+def _flow_id(f: dict[str, Any]) -> dict[str, Any]:
+    return {k: f[k] for k in ("id", "src_ip", "dst_ip", "proto", "sport", "dport")}
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> None:
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"error": f"no output in {path.name}"}
+
+
+def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
+    from lab import run as runmod
+    phases_pp = kind.check(plan_.params, plan_.topo_desc)
+    for name, pp in phases_pp.items():
+        if pp["job"]["cc"] not in plan_.env.congestion_controls:
+            raise MachineError("job.cc", f"{pp['job']['cc']} is not in this kernel (it has: "
+                               f"{', '.join(plan_.env.congestion_controls)}); phase {name}")
+        if kind.check_marking(pp["ecn"], "ecn") and plan_.env.ecn == "none":
+            raise MachineError("ecn.marking", "this machine has no ECN marking mechanism "
+                               "(RED, or clang and bpftool for the tc-BPF marker)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_run = time.monotonic()
+    phases: dict[str, Any] = {}
+    with runmod.fabric_session(f"{plan_.scenario.name}-{plan_.policy}", plan_.topology(),
+                               plan_.env, plan_.runtime, plan_.policy,
+                               int(plan_.params["seed"])) as fabric:
+        try:
+            progress(f"[{plan_.policy}] bringing up {plan_.topo_desc['type']} "
+                     f"({len(plan_.topo_desc['switches'])} switches, "
+                     f"{len(plan_.topo_desc['hosts'])} hosts), controller {plan_.runtime}")
+            fabric.start()
+            loss = fabric.pingall()
+            progress(f"[{plan_.policy}] up in {fabric.timings['ready_s']:.1f} s; "
+                     f"pingall loss {loss:.0f}%")
+            job = JobRun(plan_, fabric, progress)
+            for name, pp in phases_pp.items():
+                t0 = time.monotonic()
+                phases[name] = job.run_phase(name, pp)
+                fabric.timings[f"phase_{name}_s"] = time.monotonic() - t0
+                progress(f"[{name}] " + jm.phase_line(phases[name]["metrics"]))
+        finally:
+            runmod._keep_logs(fabric.run_dir, out_dir)
+            if (fabric.run_dir / "job").is_dir():
+                shutil.copytree(fabric.run_dir / "job", out_dir / "job", dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("*.pcap"))
+    timings = {k: round(v, 3) for k, v in fabric.timings.items()}
+    timings["wall_s"] = round(time.monotonic() - t_run, 3)
+    result = assemble(plan_, phases, loss, timings)
+    runmod.write_result(result, out_dir)
+    return result
+
+
+def assemble(plan_: Any, phases: dict[str, Any], loss: float,
+             timings: dict[str, Any]) -> dict[str, Any]:
+    """result.json: top-level links, flows and metrics are the first phase's (the problem
+    the scenario shows); ``metrics.phases`` and ``phase_details`` hold every phase."""
+    first = next(iter(phases))
+    main = phases[first]
+    metrics = dict(main["metrics"])
+    metrics["phases"] = {n: p["metrics"] for n, p in phases.items()}
+    metrics["pingall_loss_pct"] = loss
+    notes = list(plan_.env.notes)
+    for n, p in phases.items():
+        m = p["metrics"]
+        if m["cpu_idle_min_pct"] < kind.MIN_CPU_IDLE_PCT:
+            notes.append(f"{n}: CPU-bound ({m['cpu_idle_min_pct']:.0f}% idle)")
+        notes += [f"{n}: {e}" for e in m["errors"]]
+    result: dict[str, Any] = {
+        "schema": SCHEMA_VERSION, "kind": "collective", "scenario": plan_.scenario.name,
+        "policy": plan_.policy, "seed": int(plan_.params["seed"]),
+        "duration_s": main["duration_s"], "phase": first,
+        "environment": plan_.env.as_result(), "topology": plan_.topo_desc,
+        "params": plan_.params, "links": main["links"], "flows": main["flows"],
+        "metrics": metrics, "timings": timings,
+        "phase_details": {n: {k: p[k] for k in ("duration_s", "links", "flows", "cpu_idle_pct")}
+                          for n, p in phases.items()},
+        "fidelity": {"cpu_idle_min_pct": min(p["metrics"]["cpu_idle_min_pct"]
+                                             for p in phases.values()),
+                     "valid": loss == 0 and all(p["metrics"]["fidelity_valid"]
+                                                for p in phases.values()),
+                     "notes": notes, "step_clock": "time.monotonic (ns resolution)"},
+    }
+    result["fidelity"]["datapath_loss_bytes"] = diagnose.unexplained_loss(result)
+    return result
