@@ -14,7 +14,8 @@ VENV="${VENV:-$REPO/.venv}"
 RYU_VENV="${RYU_VENV:-$REPO/.venv-ryu}"
 SYS_PY=/usr/bin/python3          # Debian's Python: Mininet from apt is built for it
 APT_PKGS=(mininet openvswitch-switch iperf3 iputils-ping python3-venv python3-pip iproute2 ethtool
-          tcpdump nftables procps frr)
+          tcpdump nftables procps frr
+          clang llvm libbpf-dev bpftool)   # the tc-BPF ECN marker: built and programmed here
 
 say() { printf '[setup] %s\n' "$*"; }
 
@@ -40,7 +41,15 @@ if [ "${#missing[@]}" -gt 0 ]; then
         our_policy=1
     fi
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            "${missing[@]}"; then
+        # Seen on the CI image: the security suite's newer kernel-tool packages (bpftool,
+        # linux-libc-dev) "cannot be authenticated". The release's own suite can.
+        codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
+        say "retrying from the $codename suite"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+            -t "$codename" "${missing[@]}"
+    fi
     [ -n "$our_policy" ] && rm -f /usr/sbin/policy-rc.d
 else
     say "Debian packages present"

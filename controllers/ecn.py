@@ -1,0 +1,606 @@
+"""ECN marking on the switches' egress ports: the mechanism the controller programs.
+
+A port's queue is the lab's htb class ``1:1`` with a bfifo leaf ``10:`` (lab/links.py). Two
+ways to make it mark, picked by the lab from what the kernel has (``Environment.ecn``):
+
+``red``
+    The kernel has RED: the leaf ``10:`` becomes ``red ... ecn``, and goes back to
+    ``bfifo`` when marking is turned off. RED decides on an *averaged* queue (EWMA); we
+    pick the smallest ``burst`` tc accepts, which makes the average follow the queue as
+    closely as RED can (weight 1/2). With ``ecn`` RED still *drops* not-ECT packets where
+    it would have marked them.
+``tc-bpf``
+    No RED (the CI kernel): a tc clsact egress BPF program (bpf/ecn_marker.c) runs before
+    the qdisc, so it models the queue instead: a fluid queue draining at the htb rate,
+    minus the htb burst (which htb sends ahead of the rate), capped by the bfifo limit.
+    It sets CE on ECT packets by the modelled queue a packet finds on arrival, counts as
+    the qdisc does (GSO super-packets with their segments' headers), and never drops: the
+    bfifo still tail-drops. One program instance per port, loaded by ``tc`` without
+    pinning anything, programmed with ``bpftool`` by map id.
+
+Pure stdlib: imported by the controller (os-ken and Ryu 4.34) and by the lab.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import struct
+import subprocess
+import sysconfig
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MECHANISMS = ("red", "tc-bpf")
+
+#: Byte sizes (K, queue limit, htb burst) stay below 2^30: the BPF program multiplies
+#: (vq - Kmin) by Pmax scaled to 2^32, and keeps burst + limit in 1/8e9-byte units, in 64 bits.
+MAX_BYTES = 2**30
+
+#: The counters every mechanism reports (RED: the ones it has).
+COUNTERS = ("packets", "ect", "ce_marked", "ce_bytes", "not_ect_over_k", "max_vq_bytes")
+
+SOURCE = Path(__file__).resolve().parent / "bpf" / "ecn_marker.c"
+PROG_SECTION = "tc"
+CONFIG_MAP = "ecn_config"
+STATE_MAP = "ecn_state"
+#: Our filter's place on the egress hook: fixed, so close() deletes exactly it.
+FILTER_PREF = 0xEC0
+FILTER_HANDLE = "0xec"
+
+_CMD_TIMEOUT_S = 30
+
+
+class MarkerError(ValueError):
+    """tc or bpftool refused: the message names the interface and what the tool said."""
+
+
+# --- configuration -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Marking:
+    """Mark with p = 0 up to Kmin, rising linearly to Pmax at Kmax, 1 above Kmax.
+
+    A DCTCP step at K (mark everything above K) is ``Marking.step(K)``: Kmin = Kmax = K,
+    Pmax = 1. RED/DCQCN-style marking uses Kmin < Kmax and Pmax < 1.
+    """
+
+    kmin_bytes: int
+    kmax_bytes: int
+    pmax: float = 1.0
+
+    def __post_init__(self) -> None:
+        problem = _marking_problem(self.kmin_bytes, self.kmax_bytes, self.pmax)
+        if problem:
+            field, msg = problem
+            raise ValueError(f"{field}: {msg}")
+
+    @classmethod
+    def step(cls, k_bytes: int) -> Marking:
+        return cls(k_bytes, k_bytes, 1.0)
+
+    @property
+    def is_step(self) -> bool:
+        return self.kmin_bytes == self.kmax_bytes and self.pmax == 1.0
+
+
+def htb_burst_bytes(rate_bps: int) -> int:
+    """The htb burst lab/links.py gives a port: 2 ms at the rate, at least one TSO
+    super-packet. (Repeated here: the controller cannot import the lab, which needs
+    Mininet.)"""
+    return max(70_000, int(rate_bps / 8 * 0.002))
+
+
+@dataclass(frozen=True)
+class PortQueue:
+    """A port's configured shaping: htb rate and burst, and the bfifo limit.
+
+    ``burst_bytes`` 0 means the lab's burst for this rate (``htb_burst_bytes``). The
+    tc-bpf marker needs it: htb sends up to a burst ahead of its rate, and that much of
+    the traffic never waits in the bfifo.
+    """
+
+    intf: str
+    rate_bps: int
+    limit_bytes: int
+    burst_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.intf or len(self.intf) > 15 or "/" in self.intf or " " in self.intf:
+            raise ValueError(f"intf: not an interface name: {self.intf!r}")
+        for name, least in (("rate_bps", 1), ("limit_bytes", 1), ("burst_bytes", 0)):
+            value = getattr(self, name)
+            if not _is_int(value) or value < least:
+                raise ValueError(f"{self.intf}.{name}: must be an integer >= {least}, "
+                                 f"not {value!r}")
+        for name in ("limit_bytes", "burst_bytes"):
+            if getattr(self, name) > MAX_BYTES:
+                raise ValueError(f"{self.intf}.{name}: at most {MAX_BYTES}")
+        if self.htb_burst > MAX_BYTES:
+            raise ValueError(f"{self.intf}.rate_bps: too fast ({self.rate_bps})")
+
+    @property
+    def htb_burst(self) -> int:
+        return self.burst_bytes or htb_burst_bytes(self.rate_bps)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _marking_problem(kmin: object, kmax: object, pmax: object) -> tuple[str, str] | None:
+    """The first thing wrong with these values as (field, message), else None."""
+    for name, value in (("kmin_bytes", kmin), ("kmax_bytes", kmax)):
+        if not _is_int(value):
+            return name, f"must be an integer number of bytes, not {value!r}"
+        if value <= 0:
+            return name, f"must be > 0, not {value}"
+        if value > MAX_BYTES:
+            return name, f"must be at most {MAX_BYTES}, not {value}"
+    if kmin > kmax:  # type: ignore[operator]
+        return "kmin_bytes", f"{kmin} is above kmax_bytes {kmax}"
+    if isinstance(pmax, bool) or not isinstance(pmax, int | float):
+        return "pmax", f"must be a number, not {pmax!r}"
+    if not 0 < pmax <= 1:  # also rejects NaN
+        return "pmax", f"must be in (0, 1], not {pmax}"
+    return None
+
+
+def parse_marking(obj: Any, where: str) -> Marking:
+    """A Marking from config: ``{"k_bytes": K}`` (step) or ``{"kmin_bytes", "kmax_bytes",
+    "pmax"}``. Errors are ValueErrors whose message starts with the field (``where.key``)."""
+    prefix = f"{where}." if where else ""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where or 'marking'}: must be an object with k_bytes, or "
+                         f"kmin_bytes/kmax_bytes/pmax, not {obj!r}")
+    step_keys, red_keys = {"k_bytes"}, {"kmin_bytes", "kmax_bytes", "pmax"}
+    for key in obj:
+        if key not in step_keys | red_keys:
+            raise ValueError(f"{prefix}{key}: unknown field (expected k_bytes, or "
+                             f"kmin_bytes, kmax_bytes and pmax)")
+    if "k_bytes" in obj:
+        extra = sorted(red_keys & obj.keys())
+        if extra:
+            raise ValueError(f"{prefix}{extra[0]}: give either k_bytes or "
+                             f"kmin_bytes/kmax_bytes/pmax, not both")
+        k = obj["k_bytes"]
+        problem = _marking_problem(k, k, 1.0)
+        if problem:
+            raise ValueError(f"{prefix}k_bytes: {problem[1]}")
+        return Marking.step(k)
+    for key in ("kmin_bytes", "kmax_bytes", "pmax"):
+        if key not in obj:
+            raise ValueError(f"{prefix}{key}: missing (or give k_bytes for a step)")
+    problem = _marking_problem(obj["kmin_bytes"], obj["kmax_bytes"], obj["pmax"])
+    if problem:
+        raise ValueError(f"{prefix}{problem[0]}: {problem[1]}")
+    return Marking(obj["kmin_bytes"], obj["kmax_bytes"], float(obj["pmax"]))
+
+
+# --- running tc and bpftool ----------------------------------------------------------------
+
+class _Runner:
+    """Runs tools in the ports' network namespace: the lab's (None) or a test's (a PID)."""
+
+    def __init__(self, netns_pid: int | None) -> None:
+        self.prefix = ["nsenter", "-t", str(netns_pid), "-n"] if netns_pid else []
+
+    def run(self, intf: str, argv: list[str], stdin: str | None = None,
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        try:
+            r = subprocess.run(self.prefix + argv, input=stdin, capture_output=True,
+                               text=True, timeout=_CMD_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise MarkerError(f"{intf}: `{' '.join(argv)}` failed: {e}") from e
+        if check and r.returncode != 0:
+            raise MarkerError(f"{intf}: `{' '.join(argv)}` failed: "
+                              f"{(r.stderr or r.stdout).strip()}")
+        return r
+
+    def json(self, intf: str, argv: list[str]) -> Any:
+        out = self.run(intf, argv).stdout
+        try:
+            return json.loads(out) if out.strip() else []
+        except json.JSONDecodeError as e:
+            raise MarkerError(f"{intf}: `{' '.join(argv)}` printed no JSON: {e}") from e
+
+    def exists(self, intf: str) -> bool:
+        return self.run(intf, ["ip", "link", "show", "dev", intf], check=False).returncode == 0
+
+    def require(self, intf: str) -> None:
+        if not self.exists(intf):
+            raise MarkerError(f"{intf}: no such interface")
+
+
+# --- the markers ---------------------------------------------------------------------------
+
+class Marker:
+    """Turns marking on, off or to new thresholds on ports; reads its counters.
+
+    Safe to call from several threads (the controller's REST handlers and its stats
+    poller): one call at a time per marker.
+    """
+
+    mechanism = ""
+
+    def __init__(self, netns_pid: int | None = None) -> None:
+        self._run = _Runner(netns_pid)
+        self._lock = threading.RLock()
+
+    def set(self, port: PortQueue, marking: Marking | None) -> None:
+        """Mark on ``port`` per ``marking``; None turns marking off (pure tail-drop).
+        Idempotent; changing thresholds keeps the port's counters."""
+        with self._lock:
+            self._set(port, marking)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Interface -> counters (see COUNTERS) for every port this marker manages."""
+        with self._lock:
+            return self._counters()
+
+    def close(self) -> None:
+        """Remove every filter and qdisc this marker added (never the htb)."""
+        with self._lock:
+            self._close()
+
+    def __enter__(self) -> Marker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _set(self, port: PortQueue, marking: Marking | None) -> None:
+        raise NotImplementedError
+
+    def _counters(self) -> dict[str, dict[str, int]]:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+
+# tc-bpf ------------------------------------------------------------------------------------
+
+#: struct ecn_config and struct ecn_state in bpf/ecn_marker.c (little-endian, no padding).
+_CONFIG = struct.Struct("<7Q")
+_STATE = struct.Struct("<II8Q")
+_STATE_FIELDS = ("lock", "pad", "last_ns", "work_units", "packets", "ect", "ce_marked",
+                 "ce_bytes", "not_ect_over_k", "max_vq_bytes")
+_KEY0 = ["key", "hex", "00", "00", "00", "00"]
+
+
+def compile_flags() -> list[str]:
+    """clang flags for the BPF object. ``-target bpf`` does not search the multiarch
+    include dir, where Debian keeps <asm/types.h> (included by <linux/bpf.h>)."""
+    flags = ["-O2", "-g", "-target", "bpf"]
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    if multiarch and Path(f"/usr/include/{multiarch}").is_dir():
+        flags.append(f"-I/usr/include/{multiarch}")
+    return flags
+
+
+def build_object(build_dir: Path) -> Path:
+    """The compiled marker, built once per source: its name holds the sha256 of the source
+    (and flags), so an edited source recompiles and an unchanged one is reused."""
+    flags = compile_flags()
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()
+    obj = Path(build_dir) / f"ecn_marker-{digest[:16]}.o"
+    if obj.is_file():
+        return obj
+    obj.parent.mkdir(parents=True, exist_ok=True)
+    tmp = obj.with_name(f"{obj.name}.{os.getpid()}.tmp")
+    cmd = ["clang", *flags, "-c", str(SOURCE), "-o", str(tmp)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise MarkerError(f"{SOURCE.name}: `{' '.join(cmd)}` failed: {e}") from e
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise MarkerError(f"{SOURCE.name}: `{' '.join(cmd)}` failed: {r.stderr.strip()}")
+    os.replace(tmp, obj)  # atomic: a concurrent build never sees half a file
+    return obj
+
+
+def config_value(port: PortQueue, marking: Marking | None) -> bytes:
+    """The ecn_config map value. Marking off keeps the queue model running (counters,
+    max_vq_bytes) but marks nothing."""
+    shaping = (port.rate_bps, port.htb_burst, port.limit_bytes)
+    if marking is None:
+        return _CONFIG.pack(*shaping, 0, 0, 0, 0)
+    pmax_x32 = min(2**32, max(1, round(marking.pmax * 2**32)))
+    return _CONFIG.pack(*shaping, marking.kmin_bytes, marking.kmax_bytes, pmax_x32, 1)
+
+
+def parse_state(value: list[str]) -> dict[str, int]:
+    """Counters from an ecn_state value as bpftool -j prints it (a list of "0x.." bytes)."""
+    raw = bytes(int(b, 16) for b in value)
+    if len(raw) != _STATE.size:
+        raise ValueError(f"ecn_state value has {len(raw)} bytes, expected {_STATE.size}")
+    fields = dict(zip(_STATE_FIELDS, _STATE.unpack(raw), strict=True))
+    return {name: fields[name] for name in COUNTERS}
+
+
+@dataclass
+class _Loaded:
+    """One port's program instance and what we added to load it."""
+
+    port: PortQueue
+    marking: Marking | None
+    prog_id: int
+    config_map: int
+    state_map: int
+    added_clsact: bool
+
+
+class TcBpfMarker(Marker):
+    """A virtual-queue marker per port, as a tc clsact egress program.
+
+    ``tc filter add ... bpf da obj`` loads one instance of the program (with its own maps)
+    per port. iproute2 mounts a bpffs at /sys/fs/bpf when it loads an object, even when
+    nothing is pinned; we run it in a private mount namespace (``unshare -m``) so that
+    mount dies with tc. Nothing is pinned: the filter holds the program, the program its
+    maps, and we find them by id from the filter.
+    """
+
+    mechanism = "tc-bpf"
+
+    def __init__(self, build_dir: Path, netns_pid: int | None = None) -> None:
+        super().__init__(netns_pid)
+        self.obj = build_object(build_dir)
+        self._ports: dict[str, _Loaded] = {}
+
+    def _set(self, port: PortQueue, marking: Marking | None) -> None:
+        loaded = self._ports.get(port.intf)
+        if loaded is None:
+            if marking is None:
+                return  # nothing loaded, so nothing marks already
+            loaded = self._load(port)
+        elif loaded.port == port and loaded.marking == marking:
+            return
+        self._run.run(port.intf, ["bpftool", "map", "update", "id", str(loaded.config_map),
+                                  *_KEY0, "value", "hex",
+                                  *config_value(port, marking).hex(" ").split()])
+        loaded.port, loaded.marking = port, marking
+
+    def _load(self, port: PortQueue) -> _Loaded:
+        intf = port.intf
+        self._run.require(intf)
+        if self._our_filter(intf):
+            raise MarkerError(f"{intf}: a filter already sits at egress pref {FILTER_PREF} "
+                              "(another marker's?)")
+        qdiscs = self._run.json(intf, ["tc", "-j", "qdisc", "show", "dev", intf])
+        loaded = _Loaded(port, None, 0, 0, 0,
+                         added_clsact=not any(q.get("kind") == "clsact" for q in qdiscs))
+        try:
+            if loaded.added_clsact:
+                self._run.run(intf, ["tc", "qdisc", "add", "dev", intf, "clsact"])
+            self._run.run(intf, ["unshare", "--mount", "--propagation", "private",
+                                 "tc", "filter", "add", "dev", intf, "egress",
+                                 "pref", str(FILTER_PREF), "handle", FILTER_HANDLE, "bpf",
+                                 "da", "obj", str(self.obj), "sec", PROG_SECTION])
+            flt = self._our_filter(intf)
+            prog = (flt or {}).get("options", {}).get("prog", {}).get("id")
+            if not prog:
+                raise MarkerError(f"{intf}: loaded the marker but tc shows no program id: "
+                                  f"{flt}")
+            loaded.prog_id = int(prog)
+            maps = self._maps_of(intf, loaded.prog_id)
+        except MarkerError:
+            with contextlib.suppress(MarkerError):  # the first error is the one to report
+                self._unload(intf, loaded)
+            raise
+        loaded.config_map, loaded.state_map = maps[CONFIG_MAP], maps[STATE_MAP]
+        self._ports[intf] = loaded
+        return loaded
+
+    def _our_filter(self, intf: str) -> dict[str, Any] | None:
+        """Our filter on the port's egress hook, as ``tc -j filter show`` prints it."""
+        out = self._run.json(intf, ["tc", "-j", "filter", "show", "dev", intf, "egress",
+                                    "pref", str(FILTER_PREF)])
+        return next((f for f in out if "options" in f), None)
+
+    def _maps_of(self, intf: str, prog_id: int) -> dict[str, int]:
+        """Map name -> id for the maps of this program instance."""
+        prog = self._run.json(intf, ["bpftool", "-j", "prog", "show", "id", str(prog_id)])
+        names: dict[str, int] = {}
+        for map_id in prog.get("map_ids", []):
+            info = self._run.json(intf, ["bpftool", "-j", "map", "show", "id", str(map_id)])
+            names[info.get("name", "")] = int(map_id)
+        missing = {CONFIG_MAP, STATE_MAP} - names.keys()
+        if missing:
+            raise MarkerError(f"{intf}: program {prog_id} has no map {sorted(missing)} "
+                              f"(has {sorted(names)})")
+        return names
+
+    def _counters(self) -> dict[str, dict[str, int]]:
+        if not self._ports:
+            return {}
+        intfs = list(self._ports)
+        # One bpftool for all ports: the controller polls this on every port.
+        batch = "".join(f"map lookup id {self._ports[i].state_map} {' '.join(_KEY0)}\n"
+                        for i in intfs)
+        r = self._run.run(intfs[0], ["bpftool", "-j", "batch", "file", "-"], stdin=batch,
+                          check=False)
+        try:
+            outputs = json.loads(r.stdout)
+        except json.JSONDecodeError as e:
+            raise MarkerError(f"{','.join(intfs)}: `bpftool batch` failed: "
+                              f"{r.stderr.strip() or e}") from e
+        result: dict[str, dict[str, int]] = {}
+        for intf, entry in zip(intfs, outputs, strict=False):
+            out = entry.get("output", {})
+            if "error" in out or "value" not in out:
+                raise MarkerError(f"{intf}: `bpftool map lookup id "
+                                  f"{self._ports[intf].state_map}` failed: "
+                                  f"{out.get('error', out)}")
+            result[intf] = parse_state(out["value"])
+        if len(result) != len(intfs):
+            raise MarkerError(f"{','.join(intfs)}: bpftool batch stopped early: "
+                              f"{r.stderr.strip()}")
+        return result
+
+    def _close(self) -> None:
+        errors = []
+        for intf, loaded in list(self._ports.items()):
+            try:
+                self._unload(intf, loaded)
+            except MarkerError as e:
+                errors.append(str(e))
+        self._ports.clear()
+        if errors:
+            raise MarkerError("; ".join(errors))
+
+    def _unload(self, intf: str, loaded: _Loaded) -> None:
+        if not self._run.exists(intf):
+            return  # the port is gone, and with it the filter, program and maps
+        if self._our_filter(intf):
+            self._run.run(intf, ["tc", "filter", "del", "dev", intf, "egress",
+                                 "pref", str(FILTER_PREF)])
+        if loaded.added_clsact:
+            # Someone may have put their own filters on the clsact since: keep it for them.
+            others = [f for hook in ("ingress", "egress") for f in self._run.json(
+                intf, ["tc", "-j", "filter", "show", "dev", intf, hook])]
+            if not others:
+                self._run.run(intf, ["tc", "qdisc", "del", "dev", intf, "clsact"])
+
+
+# red ---------------------------------------------------------------------------------------
+
+RED_AVPKT = 1500
+
+
+def _rate_arg(rate_bps: int) -> str:
+    """A tc rate: in Mbit/s as the lab writes them ("50mbit") when that is exact."""
+    return f"{rate_bps // 10**6}mbit" if rate_bps % 10**6 == 0 else f"{rate_bps}bit"
+
+
+def red_burst(kmin_bytes: int) -> int:
+    """The smallest RED ``burst`` (packets) tc accepts for this Kmin: ceil(Kmin/avpkt).
+
+    tc derives the EWMA weight from burst; the smallest burst gives the largest weight
+    (1/2 once Kmin is a few packets), so RED's average follows the real queue about as
+    closely as the instantaneous queue DCTCP and the tc-bpf marker use.
+    """
+    return max(1, math.ceil(kmin_bytes / RED_AVPKT))
+
+
+def red_args(port: PortQueue, marking: Marking) -> list[str]:
+    """``red ...`` for the leaf qdisc. Kmax is at least Kmin + 1: a step is ``min K max
+    K+1 probability 1`` (RED marks everything whose average is at or above max)."""
+    if marking.kmin_bytes < RED_AVPKT:
+        # tc finds no EWMA weight for min < avpkt ("failed to calculate EWMA constant").
+        raise MarkerError(f"{port.intf}: RED needs kmin_bytes >= {RED_AVPKT} (one avpkt), "
+                          f"not {marking.kmin_bytes}")
+    kmax = max(marking.kmax_bytes, marking.kmin_bytes + 1)
+    return ["red", "limit", str(port.limit_bytes), "min", str(marking.kmin_bytes),
+            "max", str(kmax), "avpkt", str(RED_AVPKT), "burst", str(red_burst(
+                marking.kmin_bytes)), "probability", f"{marking.pmax:g}",
+            "bandwidth", _rate_arg(port.rate_bps), "ecn"]
+
+
+def _leaf(intf: str) -> list[str]:
+    return ["dev", intf, "parent", "1:1", "handle", "10:"]
+
+
+def red_commands(port: PortQueue, marking: Marking | None,
+                 current: Marking | None) -> list[list[str]]:
+    """tc commands taking the leaf from ``current`` (None: bfifo) to ``marking``.
+
+    The kernel refuses to replace a qdisc by one of another kind under the same handle,
+    so bfifo <-> red is delete + add; red -> red is ``change``, which keeps RED's counters.
+    """
+    intf = port.intf
+    if marking is None:
+        if current is None:
+            return []
+        return [["tc", "qdisc", "del", *_leaf(intf)],
+                ["tc", "qdisc", "add", *_leaf(intf), "bfifo", "limit", str(port.limit_bytes)]]
+    if current is None:
+        return [["tc", "qdisc", "del", *_leaf(intf)],
+                ["tc", "qdisc", "add", *_leaf(intf), *red_args(port, marking)]]
+    return [["tc", "qdisc", "change", *_leaf(intf), *red_args(port, marking)]]
+
+
+def parse_red_counters(qdiscs: list[dict[str, Any]], intf: str) -> dict[str, int]:
+    """Counters of the red leaf from ``tc -s -j qdisc show dev X``. RED knows no ECT
+    count or queue maximum; ``early_drops`` are not-ECT packets it dropped early (where
+    the tc-bpf marker would have let them into the bfifo)."""
+    for q in qdiscs:
+        if q.get("kind") == "red" and q.get("handle") == "10:":
+            xstats = q.get("xstats", q)  # iproute2 prints them inline; accept a sub-object
+            return {"packets": int(q.get("packets", 0)),
+                    "ce_marked": int(xstats.get("marked", 0)),
+                    "early_drops": int(xstats.get("early", 0))}
+    raise MarkerError(f"{intf}: no red qdisc 10: (marking was changed behind our back?)")
+
+
+class RedMarker(Marker):
+    """Marking by the kernel's RED qdisc as the port's leaf queue (see the module doc).
+    Turning marking off and on again starts RED's counters from zero."""
+
+    mechanism = "red"
+
+    def __init__(self, netns_pid: int | None = None) -> None:
+        super().__init__(netns_pid)
+        self._ports: dict[str, tuple[PortQueue, Marking]] = {}
+
+    def _set(self, port: PortQueue, marking: Marking | None) -> None:
+        current = self._ports.get(port.intf)
+        if current == (port, marking) or (current is None and marking is None):
+            return
+        cmds = red_commands(port, marking, current[1] if current else None)
+        self._run.require(port.intf)
+        try:
+            for cmd in cmds:
+                self._run.run(port.intf, cmd)
+        except MarkerError:
+            self._recover(port)
+            raise
+        if marking is None:
+            del self._ports[port.intf]
+        else:
+            self._ports[port.intf] = (port, marking)
+
+    def _recover(self, port: PortQueue) -> None:
+        """After a failed delete + add: never leave the port without its bfifo leaf."""
+        qdiscs = self._run.json(port.intf, ["tc", "-j", "qdisc", "show", "dev", port.intf])
+        kind = next((q.get("kind") for q in qdiscs if q.get("handle") == "10:"), None)
+        if kind is None:
+            self._run.run(port.intf, ["tc", "qdisc", "add", *_leaf(port.intf), "bfifo",
+                                      "limit", str(port.limit_bytes)], check=False)
+        if kind != "red":
+            self._ports.pop(port.intf, None)
+
+    def _counters(self) -> dict[str, dict[str, int]]:
+        return {intf: parse_red_counters(
+                    self._run.json(intf, ["tc", "-s", "-j", "qdisc", "show", "dev", intf]),
+                    intf)
+                for intf in self._ports}
+
+    def _close(self) -> None:
+        errors = []
+        for intf, (port, _) in list(self._ports.items()):
+            try:
+                if self._run.exists(intf):
+                    self._set(port, None)
+            except MarkerError as e:
+                errors.append(str(e))
+        self._ports.clear()
+        if errors:
+            raise MarkerError("; ".join(errors))
+
+
+def make_marker(mechanism: str, build_dir: Path, netns_pid: int | None = None) -> Marker:
+    """The marker for ``mechanism`` (one of MECHANISMS). ``netns_pid``: run every tc and
+    bpftool command in that process's network namespace (tests); None: the lab's."""
+    if mechanism == "tc-bpf":
+        return TcBpfMarker(build_dir, netns_pid)
+    if mechanism == "red":
+        return RedMarker(netns_pid)
+    raise ValueError(f"mechanism: unknown ECN mechanism {mechanism!r} "
+                     f"(known: {', '.join(MECHANISMS)})")
