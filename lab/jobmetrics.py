@@ -166,9 +166,14 @@ def ring_metrics(outputs: list[dict[str, Any]], n: int, size_bytes: int,
 
 
 def incast_metrics(sink: dict[str, Any], senders: int, burst_bytes: int, gap_s: float,
-                   bottleneck_bps: float) -> dict[str, Any]:
-    """A many-to-one job: a step is the time until the receiver has every sender's burst."""
-    steps = [s for s in sink.get("steps", []) if not s.get("warmup")]
+                   bottleneck_bps: float, warmup: int = 1) -> dict[str, Any]:
+    """A many-to-one job: a step is the time until the receiver has every sender's burst.
+
+    The first ``warmup`` steps (new connections still in slow start) are not measured.
+    """
+    for s in sink.get("steps", []):
+        s["warmup"] = s["step"] < warmup
+    steps = [s for s in sink.get("steps", []) if not s["warmup"]]
     st = [s["step_s"] for s in steps]
     total = senders * burst_bytes
     p50 = percentile(st, 50)

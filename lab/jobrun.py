@@ -318,6 +318,8 @@ class JobRun:
                           work / "burst-recv.log", "micro-burst receiver")
         time.sleep(0.3)
         procs = []
+        # Far enough ahead for every sender to import scapy and build its frames.
+        start_at = time.monotonic() + 1.5
         for i, h in enumerate(senders):
             node = self.host(h)
             procs.append(self.spawn(h, [
@@ -326,7 +328,8 @@ class JobRun:
                 "--dst-ip", self.ips[rx], "--sport", str(kind.BURST_PORT + 1 + i),
                 "--dport", str(kind.BURST_PORT), "--count", str(mb["count"]),
                 "--size", str(mb["size"]), "--ecn", "ect0", "--bursts", str(mb["bursts"]),
-                "--gap-s", "0.5", "--out", str(work / f"burst-{h}.json")],
+                "--gap-s", "0.5", "--start-at", f"{start_at:.6f}",
+                "--out", str(work / f"burst-{h}.json")],
                 work / f"burst-{h}.log", f"micro-burst sender {h}"))
         for p in procs:
             _wait(p, 30)
@@ -488,7 +491,7 @@ class JobRun:
             rx = job_flows[0]["dst"]
             rate = self.bw[(self.leaf_of[rx], rx)]
             mt = jm.incast_metrics(outputs[0], len(job_flows), job["size_bytes"]
-                                   // len(job_flows), job["compute_s"], rate)
+                                   // len(job_flows), job["compute_s"], rate, job["warmup"])
         qports = pp["ecn"]["ports"] or self.hot_ports(links)
         mt["queues"] = {ln["intf"]: {"max_bytes": max(ln["series"]["queue_bytes"], default=0),
                                      "delay_ms": jm.queue_delay_ms(ln["series"]["queue_bytes"],

@@ -157,7 +157,9 @@ def run_sender(args: argparse.Namespace) -> dict[str, Any]:
     import_s = time.monotonic() - t0          # scapy's import dominates; kept out of bursts
     sock = open_packet_socket(args.iface)
     bursts = []
-    start = time.monotonic()
+    # --start-at: several senders share one monotonic clock (every namespace does), so
+    # their bursts can leave at the same instant and meet in one queue: a fixed shape.
+    start = max(time.monotonic(), args.start_at or 0.0)
     try:
         for k in range(args.bursts):
             frames = burst_frames(template, k, args.count)
@@ -343,7 +345,7 @@ def _ipv4(text: str) -> str:
 
 SENDER_ARGS = ("iface", "src_mac", "dst_mac", "src_ip", "dst_ip", "sport", "dport", "count",
                "size")
-SENDER_OPTIONAL = ("ecn", "bursts", "gap_s")
+SENDER_OPTIONAL = ("ecn", "bursts", "gap_s", "start_at")
 RECEIVER_ARGS = ("bind", "port", "expect")
 RECEIVER_OPTIONAL = ("timeout_s",)
 
@@ -368,6 +370,8 @@ def build_parser() -> OneLineParser:
     s.add_argument("--bursts", type=_int_in(1), help="number of bursts (default 1)")
     s.add_argument("--gap-s", type=_nonneg_float,
                    help="seconds from one burst's start to the next's (default 0.1)")
+    s.add_argument("--start-at", type=_nonneg_float,
+                   help="time.monotonic() of the first burst (default: at once)")
     r = p.add_argument_group("receiver")
     r.add_argument("--bind", type=_ipv4)
     r.add_argument("--port", type=_int_in(1, 65535))
@@ -392,7 +396,8 @@ def check_args(p: OneLineParser, args: argparse.Namespace) -> None:
     missing = [_flag(d) for d in need if getattr(args, d) is None]
     if missing:
         p.error(f"the following arguments are required: {', '.join(missing)}")
-    defaults = {"ecn": "ect0", "bursts": 1, "gap_s": 0.1, "timeout_s": 10.0}
+    defaults = {"ecn": "ect0", "bursts": 1, "gap_s": 0.1, "timeout_s": 10.0,
+                "start_at": 0.0}
     for dest in optional:
         if getattr(args, dest) is None:
             setattr(args, dest, defaults[dest])
