@@ -69,7 +69,7 @@ def check_common(r: dict) -> None:
             2 * (n - 1) / n * m["size_bytes"] * 8 / m["bottleneck_bps"], rel=1e-3)
         ring = [f for f in details["flows"] if f["kind"] == "allreduce"]
         assert ring and all(f["path_clean"] and f["bytes"] > 0 for f in ring), name
-        problems = check_links_agree_with_flows(details)
+        problems = check_links_agree_with_flows({**details, "topology": r["topology"]})
         assert not problems, (name, problems)
         # queue occupancy sampled at >= 20 Hz
         t = details["links"][0]["series"]["t"]
