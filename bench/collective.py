@@ -26,7 +26,10 @@ RESOLUTION_TARGET_S = 1e-3
 
 
 def worker_stats(out: Path) -> tuple[float, float]:
-    """(CPU seconds of every worker, worst spread of one step's end across ranks)."""
+    """(CPU seconds of every worker, worst spread of one step's end across ranks).
+
+    The spread is the barrier's: its tokens travel the same congested links as the data.
+    """
     cpu, spread = 0.0, 0.0
     for phase in (out / "job").iterdir():
         ranks = [json.loads(p.read_text()) for p in phase.glob("rank*.json")]
@@ -70,8 +73,8 @@ def main() -> int:
                 rows.append(row)
                 ok = "ok" if wall <= WALL_TARGET_S and row["fidelity_valid"] else "MISSED"
                 print(f"{name}: {wall:.1f} s wall ({ok}; target {WALL_TARGET_S:g} s), min CPU "
-                      f"idle {row['cpu_idle_min_pct']:.0f}%, workers {cpu:.2f} CPU-s, step ends "
-                      f"within {spread * 1e3:.2f} ms across ranks", flush=True)
+                      f"idle {row['cpu_idle_min_pct']:.0f}%, workers {cpu:.2f} CPU-s, ranks left "
+                      f"the barrier within {spread * 1e3:.2f} ms of each other", flush=True)
                 for p, m in row["phases"].items():
                     print(f"    {p}: step p50 {m['step_p50_s'] * 1e3:.0f} ms p99 "
                           f"{m['step_p99_s'] * 1e3:.0f} ms, idle {m['gpu_idle_fraction']:.2f}, "
