@@ -471,8 +471,12 @@ class JobRun:
                 info[(c.get("sport"), c.get("dport"), c.get("src"))] = c
         for c in conns:
             got = info.get((c.spec.sport, c.spec.dport, c.spec.src_ip), {})
+            span = (got.get("t_close") or 0) - (got.get("t_open") or 0)
             c.spec.result = {"retransmits": got.get("retransmits", 0),
                              "sent_bytes": got.get("bytes_acked", 0),
+                             # over the connection's life: compute gaps included
+                             "goodput_bps": got.get("bytes_acked", 0) * 8 / span
+                             if span > 0 else 0.0,
                              "error": None}
 
     def phase_metrics(self, pp: dict[str, Any], hosts: list[str],

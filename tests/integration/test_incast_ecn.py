@@ -9,11 +9,16 @@ arrive CE-marked from about K bytes into the queue on.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
+from lab import state
 from lab.result import validate
-from tests.integration.support import fabriclab, lab_leftovers
+from tests.integration.support import CLI, REPO, fabriclab, lab_leftovers
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +100,27 @@ def test_marking_on_a_port_that_does_not_exist_starts_nothing():
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("fabriclab: error: ecn.ports:")
     assert not any(lab_leftovers().values())
+
+
+def test_kill_9_mid_job_then_clean_leaves_nothing(tmp_path):
+    """Workers, capture and the marker's programs all go: by record, by PID."""
+    proc = subprocess.Popen([*CLI, "run", "incast-ecn", "--set", "phases.tail-drop.job.steps=200",
+                             "--out", str(tmp_path / "killed")], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    started: list[dict] = []
+    while time.monotonic() < deadline and not started:
+        for path in state.records_dir().glob("*.json"):
+            rec = state.RunRecord.load(path)
+            if rec.owner_pid == proc.pid:
+                started = [p for p in rec.pids if "incast sender" in str(p["what"])]
+        time.sleep(0.2)
+    assert started, "the job never started"
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    fabriclab("clean")
+    alive = [p for p in started if state.pid_alive(int(p["pid"]), p["start"])]
+    assert not alive, alive
+    left = lab_leftovers()
+    assert not any(left.values()), left
