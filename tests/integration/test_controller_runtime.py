@@ -636,6 +636,7 @@ def test_control_errors_and_unknown_switches(runtime: str, fabric: Fabric,
     cfg = fabric.config("hash5", tmp_path / "controller.sock")
     cfg["switches"] = [s for s in cfg["switches"] if s["name"] != "spine2"]
     cfg["links"] = [lk for lk in cfg["links"] if lk["b"] != "spine2"]
+    cfg["ecn"] = {"mechanism": "tc-bpf", "build_dir": str(tmp_path)}
     ctl = start_controller(runtime, cfg, tmp_path)
     controllers.append(ctl)
     ctl.wait_socket()
@@ -643,10 +644,16 @@ def test_control_errors_and_unknown_switches(runtime: str, fabric: Fabric,
     assert bad_json["ok"] is False and bad_json["error"].startswith("bad JSON"), bad_json
     assert ctl.request(b"[1]") == {"ok": False, "error": "bad request: expected a JSON object"}
     assert ctl.request({"cmd": "reboot"}) == {
-        "ok": False, "error": "unknown cmd 'reboot' (known: status, watch)"}
+        "ok": False, "error": "unknown cmd 'reboot' (known: status, watch, pin, ecn, ecn_stats)"}
     bad = ctl.request({"cmd": "watch", "flows": [{"cookie": 1, "proto": 6, "src": "10.0.0.1",
                                                   "dst": "nowhere"}]})
     assert bad["ok"] is False and "flows[0].dst" in bad["error"]
+    pin = ctl.request({"cmd": "pin", "flows": [{"proto": 6, "src": "10.0.0.1",
+                                                "dst": "10.0.0.5", "switch": "spine2",
+                                                "port": 1}]})
+    assert pin["ok"] is False and "flows[0].switch" in pin["error"], pin
+    ecn = ctl.request({"cmd": "ecn", "ports": [{"intf": "leaf9-eth3", "k_bytes": 30000}]})
+    assert ecn["ok"] is False and "ports[0].intf" in ecn["error"], ecn
     fabric.connect(ctl.port)
     # spine2 is not in this config: it connects but is left alone (and stays empty).
     ctl.wait(lambda s: s["ready"], "configured switches programmed")
