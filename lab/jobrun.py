@@ -547,13 +547,7 @@ def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
                                plan_.env, plan_.runtime, plan_.policy,
                                int(plan_.params["seed"])) as fabric:
         try:
-            progress(f"[{plan_.policy}] bringing up {plan_.topo_desc['type']} "
-                     f"({len(plan_.topo_desc['switches'])} switches, "
-                     f"{len(plan_.topo_desc['hosts'])} hosts), controller {plan_.runtime}")
-            fabric.start()
-            loss = fabric.pingall()
-            progress(f"[{plan_.policy}] up in {fabric.timings['ready_s']:.1f} s; "
-                     f"pingall loss {loss:.0f}%")
+            loss = runmod.bring_up(plan_, fabric, progress)
             job = JobRun(plan_, fabric, progress)
             for name, pp in phases_pp.items():
                 t0 = time.monotonic()

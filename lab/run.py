@@ -150,13 +150,7 @@ def execute(plan: Plan, out_dir: Path, progress: Progress = print) -> dict[str, 
     with fabric_session(f"{plan.scenario.name}-{plan.policy}", plan.topology(), plan.env,
                         plan.runtime, plan.policy, int(plan.params["seed"])) as fabric:
         try:
-            progress(f"[{plan.policy}] bringing up {plan.topo_desc['type']} "
-                     f"({len(plan.topo_desc['switches'])} switches, "
-                     f"{len(plan.topo_desc['hosts'])} hosts), controller {plan.runtime}")
-            fabric.start()
-            loss = fabric.pingall()
-            progress(f"[{plan.policy}] up in {fabric.timings['ready_s']:.1f} s; "
-                     f"pingall loss {loss:.0f}%")
+            loss = bring_up(plan, fabric, progress)
             result = _traffic_phase(plan, fabric, progress)
         finally:
             _keep_logs(fabric.run_dir, out_dir)
@@ -168,6 +162,18 @@ def execute(plan: Plan, out_dir: Path, progress: Progress = print) -> dict[str, 
     result["timings"]["wall_s"] = round(time.monotonic() - t_run, 3)
     write_result(result, out_dir)
     return result
+
+
+def bring_up(plan: Plan, fabric: Fabric, progress: Progress) -> float:
+    """Start the fabric and ping all pairs, saying so; returns the pingall loss in %."""
+    progress(f"[{plan.policy}] bringing up {plan.topo_desc['type']} "
+             f"({len(plan.topo_desc['switches'])} switches, "
+             f"{len(plan.topo_desc['hosts'])} hosts), controller {plan.runtime}")
+    fabric.start()
+    loss = fabric.pingall()
+    progress(f"[{plan.policy}] up in {fabric.timings['ready_s']:.1f} s; "
+             f"pingall loss {loss:.0f}%")
+    return loss
 
 
 def write_result(result: dict[str, Any], out_dir: Path) -> None:
