@@ -214,7 +214,7 @@ def parse(raw: Any) -> Config:
         raise ConfigError(f"ecn.build_dir: expected a path, got {build_dir!r}")
     policy = _str(_get(raw, "policy", "config"), "policy")
     try:
-        policies.get(policy)
+        policies.resolve(policy)
     except policies.UnknownPolicy as exc:
         raise ConfigError(str(exc)) from None
     return Config(policy=policy, seed=_int(raw.get("seed", 0), "seed", -(2**63), 2**63 - 1),

@@ -97,7 +97,7 @@ class FabricApp(BaseApp):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cfg = config.load_from_env()
-        self.policy = policies.get(self.cfg.policy)(seed=self.cfg.seed)
+        self.policy = policies.resolve(self.cfg.policy)(seed=self.cfg.seed)
         topo = self.cfg.topology()
         self.routes = routing.ecmp_routes(topo)
         self.plans = {sw: plan.switch_plan(sw, self.routes[sw], topo["hosts"], self.policy)
@@ -120,6 +120,8 @@ class FabricApp(BaseApp):
         self._marker: Any = None            # controllers.ecn.Marker, made on first use
         self._markings: dict[str, Any] = {}
         self._decisions = 0
+        # Last port counters per switch, for load-aware policies: {switch: (t, {port: bytes})}.
+        self._port_bytes: dict[str, tuple[float, dict[int, int]]] = {}
         self.control = ControlServer(self.cfg.control_socket, self.handle_request, hub.spawn)
         LOG.info("fabric app on %s %s (%s hub): policy %s (%s) seed %d, %d switches, "
                  "%d hosts, %d switch links", RUNTIME_NAME, RUNTIME_VERSION, HUB_TYPE,
@@ -130,6 +132,8 @@ class FabricApp(BaseApp):
     def start(self) -> Any:
         thread = super().start()
         self.control.start()
+        if self.policy.port_stats_interval > 0:
+            hub.spawn(self._poll_ports)
         return thread
 
     def close(self) -> None:
@@ -226,6 +230,33 @@ class FabricApp(BaseApp):
         if sw is not None:
             LOG.warning("%s disconnected", sw.name)
 
+    # -- port load, for policies that place by it ---------------------------------------------
+    def _poll_ports(self) -> None:
+        """Ask every programmed switch for its port counters, every policy interval."""
+        while True:
+            hub.sleep(self.policy.port_stats_interval)
+            with self._lock:
+                dps = [sw.dp for sw in self._switches.values() if sw.state == "programmed"]
+            for dp in dps:
+                dp.send_msg(openflow.port_stats_request(dp))
+
+    @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
+    def _port_stats(self, ev: Any) -> None:
+        name = self.by_dpid.get(ev.msg.datapath.id)
+        if name is None:
+            return
+        now = time.monotonic()
+        counts = {s.port_no: s.tx_bytes for s in ev.msg.body
+                  if s.port_no in self.ports_of.get(name, ())}
+        with self._lock:
+            last = self._port_bytes.get(name)
+            self._port_bytes[name] = (now, counts)
+            if last is None or now - last[0] <= 0:
+                return
+            dt = now - last[0]
+            rates = {p: max(0, b - last[1].get(p, b)) * 8 / dt for p, b in counts.items()}
+            self.policy.observe_ports(name, rates)
+
     # -- reactive per-flow decisions ---------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def _packet_in(self, ev: Any) -> None:
@@ -253,8 +284,10 @@ class FabricApp(BaseApp):
             port = ports[0] if len(ports) == 1 else self.policy.choose(pair, sw.name, ports)
             entry = plan.reactive_pair_entry(key.src, key.dst, gateway.mac, port)
         else:
-            port = ports[0] if len(ports) == 1 else self.policy.choose(key, sw.name, ports)
-            entry = plan.reactive_entry(key, port)
+            with self._lock:              # stateful policies: one decision at a time
+                port = ports[0] if len(ports) == 1 else self.policy.choose(key, sw.name, ports)
+                self.policy.placed(key, sw.name, port, None)
+            entry = plan.reactive_entry(key, port, self.policy.idle_timeout)
         with self._lock:
             if self._switches.get(sw.name) is not sw:
                 return

@@ -63,6 +63,12 @@ def delete_everything(dp: Any) -> list[Any]:
             parser.OFPGroupMod(dp, command=ofp.OFPGC_DELETE, group_id=ofp.OFPG_ALL)]
 
 
+def port_stats_request(dp: Any) -> Any:
+    """Counters of every port of the datapath (a load-aware policy's measurements)."""
+    ofp, parser = dp.ofproto, dp.ofproto_parser
+    return parser.OFPPortStatsRequest(dp, 0, ofp.OFPP_ANY)
+
+
 def barrier(dp: Any) -> Any:
     return dp.ofproto_parser.OFPBarrierRequest(dp)
 

@@ -111,10 +111,14 @@ def flow_match(key: FlowKey) -> MatchFields:
     return tuple(fields)
 
 
-def reactive_entry(key: FlowKey, port: int) -> FlowEntry:
-    """The exact entry a packet-in under a ``flow`` policy installs."""
+def reactive_entry(key: FlowKey, port: int, idle_timeout: int | None = None) -> FlowEntry:
+    """The exact entry a packet-in under a ``flow`` policy installs.
+
+    ``idle_timeout`` is the policy's (a flowlet policy re-decides after a pause); by default
+    the entry lives as long as its flow.
+    """
     return FlowEntry(TABLE_FORWARD, PRIO_FLOW, flow_match(key), Action("output", port),
-                     idle_timeout=FLOW_IDLE_TIMEOUT)
+                     idle_timeout=FLOW_IDLE_TIMEOUT if idle_timeout is None else idle_timeout)
 
 
 def watch_entry(watch: Watch) -> FlowEntry:

@@ -543,7 +543,7 @@ def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     t_run = time.monotonic()
     phases: dict[str, Any] = {}
-    with runmod.fabric_session(f"{plan_.scenario.name}-{plan_.policy}", plan_.topology(),
+    with runmod.fabric_session(f"{plan_.scenario.name}-{plan_.policy_label}", plan_.topology(),
                                plan_.env, plan_.runtime, plan_.policy,
                                int(plan_.params["seed"])) as fabric:
         try:
@@ -583,7 +583,7 @@ def assemble(plan_: Any, phases: dict[str, Any], loss: float,
         notes += [f"{n}: {e}" for e in m["errors"]]
     result: dict[str, Any] = {
         "schema": SCHEMA_VERSION, "kind": "collective", "scenario": plan_.scenario.name,
-        "policy": plan_.policy, "seed": int(plan_.params["seed"]),
+        **plan_.policy_fields(), "seed": int(plan_.params["seed"]),
         "duration_s": main["duration_s"], "phase": first,
         "environment": plan_.env.as_result(), "topology": plan_.topo_desc,
         "params": plan_.params, "links": main["links"], "flows": main["flows"],

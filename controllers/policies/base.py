@@ -60,6 +60,12 @@ class HashPolicy:
 
     name: ClassVar[str] = ""
     granularity: ClassVar[str] = ""
+    #: Seconds a ``flow`` decision's switch entry lives without packets; ``None``: the
+    #: controller's default. A policy that re-decides after an idle gap (flowlets) sets it.
+    idle_timeout: ClassVar[int | None] = None
+    #: Seconds between port-load measurements the controller feeds to ``observe_ports``;
+    #: 0: the policy does not use them (no statistics requests are sent).
+    port_stats_interval: ClassVar[float] = 0.0
 
     def __init__(self, seed: int = 0) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
@@ -69,6 +75,16 @@ class HashPolicy:
     def choose(self, flow: FlowKey, switch: str, ports: Sequence[int]) -> int:
         """The one element of ``ports`` (sorted ascending) that ``flow`` leaves ``switch`` by."""
         raise NotImplementedError
+
+    def observe_ports(self, switch: str, tx_bps: dict[int, float]) -> None:
+        """Measured transmit rate of each port of ``switch`` (only if ``port_stats_interval``)."""
+
+    def placed(self, flow: FlowKey, switch: str, port: int, rate_bps: float | None) -> None:
+        """``flow`` was sent out of ``port``: a stateful policy updates its own estimate.
+
+        ``rate_bps`` is known offline (synthetic flows have rates) and ``None`` on a live
+        fabric, where a new flow's rate is not known at its first packet.
+        """
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(seed={self.seed})"

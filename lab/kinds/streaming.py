@@ -731,7 +731,7 @@ def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
     from lab import run as runmod
     out_dir.mkdir(parents=True, exist_ok=True)
     t_run = time.monotonic()
-    with runmod.fabric_session(f"{plan_.scenario.name}-{plan_.policy}", plan_.topology(),
+    with runmod.fabric_session(f"{plan_.scenario.name}-{plan_.policy_label}", plan_.topology(),
                                plan_.env, plan_.runtime, plan_.policy,
                                int(plan_.params["seed"])) as fabric:
         fabric.gateways = frozenset({CORE})
@@ -850,7 +850,7 @@ def assemble(plan_: Any, phases: dict[str, Any], bgp: dict[str, Any],
         notes.append("no netem: the ISPs' WAN links have no delay")
     result = {
         "schema": SCHEMA_VERSION, "kind": "streaming", "scenario": plan_.scenario.name,
-        "policy": plan_.policy, "seed": int(plan_.params["seed"]),
+        **plan_.policy_fields(), "seed": int(plan_.params["seed"]),
         "duration_s": main["duration_s"], "phase": "incident" if "incident" in phases
         else next(iter(phases)),
         "environment": plan_.env.as_result(), "topology": plan_.topo_desc,
