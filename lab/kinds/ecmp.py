@@ -11,6 +11,7 @@ import random
 from typing import Any
 
 from lab import metrics as m
+from lab import predict
 from lab.scenario import Param
 from lab.traffic import BASE_DPORT, FlowSpec, pick_source_ports
 
@@ -83,6 +84,7 @@ def analyse(result: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     offered = sum(f["offered_bps"] for f in result["flows"])
     goodput = sum(f["goodput_bps"] for f in result["flows"])
     util = {name: ln["util_mean"] for name, ln in uplinks.items()}
+    predicted = predict.uplink_prediction(result, src_sw)
     return {
         "uplinks": util,
         "uplink_drops": {name: ln["drops"] for name, ln in uplinks.items()},
@@ -96,6 +98,9 @@ def analyse(result: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         "aggregate_goodput_bps": goodput,
         "goodput_shortfall": round(1 - goodput / offered, 4) if offered else 0.0,
         "retransmits": sum(f["retransmits"] for f in result["flows"]),
+        # The same policy, offline, on the same 5-tuples (lab.predict): what the run should
+        # show if the fabric did exactly what the policy function says.
+        "predicted": predicted,
     }
 
 
@@ -114,4 +119,9 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
                               f"(shortfall {mt['goodput_shortfall'] * 100:.1f}%)"),
         ("retransmits", str(mt["retransmits"])),
     ]
+    if "predicted" in mt:
+        pred = mt["predicted"]
+        rows.append(("predicted (offline)", f"imbalance {pred['imbalance']:.3f}, max "
+                     f"{pred['max_flows_per_uplink']} flows on one uplink"
+                     + (" (model of the switch hash)" if pred["model_only"] else "")))
     return rows
