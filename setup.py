@@ -14,7 +14,11 @@ setup(
         "os-ken>=4.2",      # maintained Ryu fork; Ryu 4.34 lives in its own venv (lab/setup.sh)
         "PyYAML>=6.0",
         "scapy>=2.5",       # 5-tuple traceroute probes (lab/probe.py)
+        "matplotlib>=3.7",  # report.html's plots (lab/report.py)
+        "pytest>=8",        # the `fabric` fixture users import (lab/testing.py)
     ],
-    extras_require={"dev": ["pytest>=8", "ruff>=0.6"]},
-    entry_points={"console_scripts": ["fabriclab = lab.cli:main"]},
+    extras_require={"dev": ["ruff>=0.6"]},
+    entry_points={"console_scripts": ["fabriclab = lab.cli:main"],
+                  # Users' own test suites get the `fabric` fixture without any set-up.
+                  "pytest11": ["fabriclab = lab.testing"]},
 )

@@ -1,4 +1,4 @@
-"""``fabriclab``: list, run, clean, topo, doctor.
+"""``fabriclab``: list, run, regress, report, compare, clean, topo, diagnose, doctor.
 
 Every bad input ends here as one line naming the field and exit status 2, with nothing
 started (validation happens before bring-up) or left behind (teardown runs on every path).
@@ -51,6 +51,135 @@ def _cmd_run(args: argparse.Namespace) -> int:
         result.setdefault("kind", "ecmp")
         _print_summary(out_dir, result)
     return 0
+
+
+def _policies_wanted(args: argparse.Namespace) -> list[str]:
+    """``--policy`` names and ``--policy-file`` paths, in the order given (default hash5)."""
+    wanted = list(args.policy or []) + list(args.policy_file or [])
+    for spec in args.policy_file or []:
+        from controllers import policies
+        if not policies.is_file_spec(spec):
+            from lab.errors import ScenarioError
+            raise ScenarioError("policy-file", f"{spec!r} is not a .py file "
+                                "(give path/to/file.py or path/to/file.py:ClassName)")
+    return wanted or ["hash5"]
+
+
+def _cmd_regress(args: argparse.Namespace) -> int:
+    """Run scenarios × seeds per policy; compare with a baseline; exit 1 on a regression."""
+    import time
+
+    from lab import regress
+    from lab.progress import Bar
+    from lab.run import require_root
+    wanted = _policies_wanted(args)
+    baseline = None
+    if args.baseline and not args.update_baseline:
+        baseline = regress.load_baseline(Path(args.baseline))
+    if args.update_baseline:
+        if not args.baseline:
+            raise regress.RegressError("baseline", "--update-baseline needs --baseline FILE")
+        if len(wanted) != 1:
+            raise regress.RegressError("policy", "--update-baseline writes one policy's "
+                                       "baseline; give exactly one --policy or --policy-file")
+    if baseline is not None:
+        scenarios = args.scenarios or list(baseline["scenarios"])
+        seeds = list(baseline["seeds"]) if args.trials is None else \
+            list(range(args.seed, args.seed + args.trials))
+    else:
+        scenarios = args.scenarios or list(regress.DEFAULT_SCENARIOS)
+        trials = regress.DEFAULT_TRIALS if args.trials is None else args.trials
+        seeds = list(range(args.seed, args.seed + trials))
+    if not seeds:
+        raise regress.RegressError("trials", "at least one trial")
+
+    def sc_sets(name: str) -> tuple[list[str], float | None]:
+        if baseline is not None and name in baseline["scenarios"] and not args.set:
+            sc = baseline["scenarios"][name]
+            return list(sc.get("sets") or []), sc.get("duration") if args.duration is None \
+                else args.duration
+        return list(args.set), args.duration
+
+    require_root()
+    for name in scenarios:
+        sets, duration = sc_sets(name)
+        regress.validate_inputs([name], wanted, sets, duration)
+    out_root = Path(args.out) if args.out else \
+        Path("results") / f"regress-{time.strftime('%Y%m%d-%H%M%S')}"
+    out_root.mkdir(parents=True, exist_ok=True)
+    log_path = out_root / "regress.log"
+    bar = Bar(len(wanted) * len(scenarios) * len(seeds), "regress")
+    all_runs: dict[str, list[regress.ScenarioRun]] = {}
+    with open(log_path, "a") as log:
+        def say(msg: str) -> None:
+            log.write(msg + "\n")
+            log.flush()
+        for policy in wanted:
+            for name in scenarios:
+                sets, duration = sc_sets(name)
+                bar.show(f"{policy} {name} ...")
+                all_runs.setdefault(policy, []).append(regress.run_trials(
+                    name, policy, seeds, out_root, sets, duration, step=bar.step, log=say))
+    bar.close()
+    env = all_runs[wanted[0]][0].results[0]["environment"]
+    summary: dict[str, object] = {"seeds": seeds, "scenarios": scenarios, "policies": {}}
+    suites: dict[str, list[regress.Row]] = {}
+    failed = False
+    for runs in all_runs.values():
+        label = runs[0].results[0]["policy"]
+        print(f"\n== {label}: {len(scenarios)} scenarios x {len(seeds)} trials")
+        print(regress.render_stats(runs))
+        entry: dict[str, object] = {"stats": {r.scenario: {k: s.as_dict() for k, s in
+                                                           r.stats.items()} for r in runs}}
+        if baseline is not None:
+            rows = regress.compare(baseline, runs)
+            suites[label] = rows
+            print()
+            print(regress.render_table(label, baseline["policy"], rows))
+            bad = regress.regressed(rows)
+            failed = failed or bool(bad)
+            verdict = (f"REGRESSION: {len(bad)} metric(s) beyond tolerance" if bad
+                       else "no regression")
+            print(f"{label} vs baseline {baseline['policy']}: {verdict}")
+            entry["comparison"] = [r.__dict__ | {"delta": r.delta} for r in rows]
+        summary["policies"][label] = entry  # type: ignore[index]
+        if args.update_baseline:
+            data = regress.make_baseline(runs, env)
+            Path(args.baseline).write_text(json.dumps(data, indent=1) + "\n")
+            print(f"baseline written: {args.baseline}")
+    (out_root / "regress.json").write_text(json.dumps(summary, indent=1, default=str))
+    if args.junit:
+        regress.write_junit(Path(args.junit), suites)
+    print(f"results: {out_root}")
+    return 1 if failed else 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from lab import report
+    path = report.write_report(Path(args.dir))
+    print(path)
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from lab import report
+    a, b = Path(args.a), Path(args.b)
+    out = Path(args.out) if args.out else a.parent / f"compare-{a.name}-{b.name}.html"
+    path = report.write_compare(a, b, out)
+    ra = json.loads((a / "result.json").read_text())
+    rb = json.loads((b / "result.json").read_text())
+    rows = report.compare_rows(ra, rb)
+    head = ("metric", f"A ({ra.get('policy')})", f"B ({rb.get('policy')})", "B - A")
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(4)]
+    for r in [head, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    print(path)
+    return 0
+
+
+def _cmd_policy_check(args: argparse.Namespace) -> int:
+    from lab import offline
+    return offline.main_check(args)
 
 
 def _cmd_clean(_args: argparse.Namespace) -> int:
@@ -158,6 +287,47 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="result directory (default results/<scenario>-<time>/)")
     r.add_argument("--controller", choices=("os-ken", "ryu"), help="controller runtime")
     r.set_defaults(func=_cmd_run)
+
+    rg = sub.add_parser("regress", help="run scenarios over seeds per policy and compare "
+                                        "with a baseline (exit 1 on a regression)")
+    rg.add_argument("--policy", action="append", help="policy name (repeatable)")
+    rg.add_argument("--policy-file", action="append", metavar="FILE[:CLASS]",
+                    help="a policy class in a .py file (repeatable)")
+    rg.add_argument("--scenarios", nargs="+", metavar="SCENARIO",
+                    help="default: the baseline's, else " + ", ".join(
+                        ("ecmp-basic", "ecmp-one-pair", "allreduce-ecmp")))
+    rg.add_argument("--trials", type=int, help="seeds per scenario (default: the baseline's "
+                                               "seeds, else 5)")
+    rg.add_argument("--seed", type=int, default=1, help="first seed (default 1)")
+    rg.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    rg.add_argument("--duration", type=float)
+    rg.add_argument("--baseline", metavar="FILE", help="baseline JSON to compare with")
+    rg.add_argument("--update-baseline", action="store_true",
+                    help="write --baseline from this run instead of comparing")
+    rg.add_argument("--junit", metavar="FILE", help="also write JUnit XML")
+    rg.add_argument("--out", help="results directory (default results/regress-<time>/)")
+    rg.set_defaults(func=_cmd_regress)
+
+    rp = sub.add_parser("report", help="(re)generate report.html and plots of a run directory")
+    rp.add_argument("dir")
+    rp.set_defaults(func=_cmd_report)
+
+    cp = sub.add_parser("compare", help="two runs (e.g. two policies) side by side")
+    cp.add_argument("a")
+    cp.add_argument("b")
+    cp.add_argument("--out", help="compare.html path (default next to A)")
+    cp.set_defaults(func=_cmd_compare)
+
+    pc = sub.add_parser("policy-check", help="evaluate a policy offline on synthetic flows "
+                                             "(no emulation): buckets, collisions, "
+                                             "polarisation")
+    pc.add_argument("--policy", default="hash5", help="name or file.py[:Class]")
+    pc.add_argument("--flows", type=int, default=8, help="flows per set (elephants at once)")
+    pc.add_argument("--ports", type=int, default=4, help="equal-cost ports")
+    pc.add_argument("--sets", type=int, default=20000)
+    pc.add_argument("--seed", type=int, default=1)
+    pc.add_argument("--json", action="store_true")
+    pc.set_defaults(func=_cmd_policy_check)
 
     c = sub.add_parser("clean", help="remove what killed runs left behind (by record)")
     c.set_defaults(func=_cmd_clean)

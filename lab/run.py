@@ -58,12 +58,31 @@ class Plan:
     def topology(self):
         return make_topology(self.params["topology"])
 
+    @property
+    def policy_label(self) -> str:
+        """The policy's name: what results, directories and progress lines call it.
+
+        ``policy`` itself may be a user's ``file.py:Class``, which is what the controller
+        must be given but is no name for a directory.
+        """
+        return policies.resolve(self.policy).name
+
+    def policy_fields(self) -> dict[str, str]:
+        """``policy`` (and ``policy_file`` for a user's policy) for result.json."""
+        fields = {"policy": self.policy_label}
+        if policies.is_file_spec(self.policy):
+            fields["policy_file"] = self.policy
+        return fields
+
 
 def policy_names(wanted: str) -> list[str]:
+    """The policies ``wanted`` means (``all``, a name, or ``file.py[:Class]``), checked."""
     if wanted == "all":
         return policies.available()
     try:
-        policies.get(wanted)
+        policies.resolve(wanted)
+    except policies.PolicyFileError as exc:
+        raise ScenarioError("policy-file", str(exc).split(": ", 1)[-1]) from None
     except policies.UnknownPolicy as exc:
         raise ScenarioError("policy", str(exc).split(": ", 1)[-1]) from None
     return [wanted]
@@ -147,7 +166,7 @@ def execute(plan: Plan, out_dir: Path, progress: Progress = print) -> dict[str, 
         return plan.kind.execute(plan, out_dir, progress)
     out_dir.mkdir(parents=True, exist_ok=True)
     t_run = time.monotonic()
-    with fabric_session(f"{plan.scenario.name}-{plan.policy}", plan.topology(), plan.env,
+    with fabric_session(f"{plan.scenario.name}-{plan.policy_label}", plan.topology(), plan.env,
                         plan.runtime, plan.policy, int(plan.params["seed"])) as fabric:
         try:
             loss = bring_up(plan, fabric, progress)
@@ -166,12 +185,12 @@ def execute(plan: Plan, out_dir: Path, progress: Progress = print) -> dict[str, 
 
 def bring_up(plan: Plan, fabric: Fabric, progress: Progress) -> float:
     """Start the fabric and ping all pairs, saying so; returns the pingall loss in %."""
-    progress(f"[{plan.policy}] bringing up {plan.topo_desc['type']} "
+    progress(f"[{plan.policy_label}] bringing up {plan.topo_desc['type']} "
              f"({len(plan.topo_desc['switches'])} switches, "
              f"{len(plan.topo_desc['hosts'])} hosts), controller {plan.runtime}")
     fabric.start()
     loss = fabric.pingall()
-    progress(f"[{plan.policy}] up in {fabric.timings['ready_s']:.1f} s; "
+    progress(f"[{plan.policy_label}] up in {fabric.timings['ready_s']:.1f} s; "
              f"pingall loss {loss:.0f}%")
     return loss
 
@@ -208,7 +227,7 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         before = telemetry.snapshot(ports)
         t_start = time.monotonic() - sampler.t0
         runner.start_clients(duration)
-        progress(f"[{plan.policy}] {len(plan.flows)} flows for {duration:g} s ...")
+        progress(f"[{plan.policy_label}] {len(plan.flows)} flows for {duration:g} s ...")
         runner.wait(timeout_s=duration + 15)
         fabric.timings["traffic_s"] = time.monotonic() - sampler.t0 - t_start
         after = telemetry.drained_snapshot(ports)
@@ -223,7 +242,7 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
     counters = {br: {c: (v[0] - flows0[br].get(c, (0, 0))[0], v[1] - flows0[br].get(c, (0, 0))[1])
                      for c, v in flows1[br].items()} for br in bridges}
     result: dict[str, Any] = {
-        "schema": SCHEMA_VERSION, "scenario": plan.scenario.name, "policy": plan.policy,
+        "schema": SCHEMA_VERSION, "scenario": plan.scenario.name, **plan.policy_fields(),
         "seed": int(plan.params["seed"]), "duration_s": round(measured, 3),
         "environment": plan.env.as_result(), "topology": plan.topo_desc,
         "params": plan.params,
@@ -254,6 +273,20 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
     return result
 
 
+def write_report_quietly(out_dir: Path, log: Progress | None = None) -> Path | None:
+    """report.html and its plots next to result.json (``lab.report``).
+
+    A plot that fails must not cost the run its result: the failure is said, not raised,
+    and ``fabriclab report DIR`` can regenerate the report later.
+    """
+    try:
+        from lab import report
+        return report.write_report(out_dir)
+    except Exception as exc:      # any plotting failure: say it, keep the result
+        (log or print)(f"report for {out_dir} not written: {type(exc).__name__}: {exc}")
+        return None
+
+
 def run(name: str, out: Path | None = None, progress: Progress = print,
         **kwargs: Any) -> list[tuple[Path, dict[str, Any]]]:
     """Validate, then execute one plan per policy. Returns [(result dir, result)]."""
@@ -261,8 +294,9 @@ def run(name: str, out: Path | None = None, progress: Progress = print,
     base = out or default_out_dir(plans[0].scenario.name)
     done = []
     for plan in plans:
-        out_dir = base if len(plans) == 1 else base / plan.policy
+        out_dir = base if len(plans) == 1 else base / plan.policy_label
         done.append((out_dir, execute(plan, out_dir, progress)))
+        write_report_quietly(out_dir, progress)
     if len(plans) > 1:
         summary = {r["policy"]: r["metrics"] for _, r in done}
         base.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,55 @@
+"""A progress bar for long runs: one line redrawn on a terminal, plain lines otherwise.
+
+Regressions run for minutes; a user must see how far along they are and how long is left.
+In CI logs (not a terminal) redrawing would be noise, so each step is one plain line.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+class Bar:
+    """``total`` steps; ``step(label)`` marks one more done."""
+
+    def __init__(self, total: int, title: str, stream: TextIO | None = None,
+                 width: int = 30) -> None:
+        self.total = max(total, 1)
+        self.title = title
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.done = 0
+        self.t0 = time.monotonic()
+        self.tty = self.stream.isatty()
+
+    def eta_s(self) -> float | None:
+        """Seconds left at the mean pace so far; None before the first step."""
+        if self.done == 0:
+            return None
+        return (time.monotonic() - self.t0) / self.done * (self.total - self.done)
+
+    def line(self, label: str) -> str:
+        filled = int(self.width * self.done / self.total)
+        eta = self.eta_s()
+        left = "" if eta is None else f", {int(eta // 60)}m{int(eta % 60):02d}s left"
+        return (f"{self.title} [{'#' * filled}{'.' * (self.width - filled)}] "
+                f"{self.done}/{self.total}{left}  {label}")
+
+    def show(self, label: str) -> None:
+        """Say what is running now, without counting it done."""
+        if self.tty:
+            self.stream.write("\r\033[K" + self.line(label))
+        else:
+            self.stream.write(self.line(label) + "\n")
+        self.stream.flush()
+
+    def step(self, label: str = "") -> None:
+        self.done = min(self.done + 1, self.total)
+        self.show(label)
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,354 @@
+"""Regression-testing a hash policy: scenarios × seeds, compared with a stored baseline.
+
+A policy change that makes one seed unlucky proves nothing; one that moves the *mean over the
+same seeds* beyond what TCP's own noise moves it is a regression. So a regression run replays
+the baseline's scenarios with the baseline's seeds (the flows' 5-tuples come from the seed, so
+trial *i* sees the same flows under both policies) and compares each metric's mean with the
+baseline's, within a tolerance stated per metric. Every number is from an emulated run: a
+trial's result directory (result.json, report.html) is kept next to the comparison.
+
+Every metric here is "lower is better"; a regression is ``now > base + max(abs, rel·base)``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from xml.sax.saxutils import quoteattr
+
+from lab.errors import LabError
+
+BASELINE_SCHEMA = "fabriclab-baseline/1"
+DEFAULT_SCENARIOS = ("ecmp-basic", "ecmp-one-pair", "allreduce-ecmp")
+DEFAULT_TRIALS = 5
+
+
+class RegressError(LabError):
+    """Bad regression input (a baseline, a scenario list); the message names the field."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One regression metric: what it measures and how far it may move before it fails."""
+
+    what: str
+    rel: float                 # allowed increase, as a fraction of the baseline mean
+    abs: float                 # allowed increase, in the metric's own unit
+
+    def limit(self, base: float) -> float:
+        return base + max(self.abs, self.rel * abs(base))
+
+
+#: The metrics by their last name (a phased scenario prefixes the phase: ``hashed.step_p99_s``).
+#: Tolerances come from repeated runs of one policy on this 2-core machine: trial-to-trial
+#: noise at one seed was ~0.02 in imbalance, ~±50 % in drops, ~10 % in step p99.
+METRICS: dict[str, Metric] = {
+    "imbalance": Metric("max/mean bytes over the source leaf's uplinks", 0.05, 0.05),
+    "collisions": Metric("flows above the fair share on the fullest uplink", 0.0, 0.5),
+    "drops": Metric("packets dropped at the fabric's queues", 0.5, 100),
+    "goodput_shortfall": Metric("1 - goodput/offered", 0.0, 0.05),
+    "stalls": Metric("viewer stalls", 0.25, 1.0),
+    "step_p99_s": Metric("99th percentile training step time (s)", 0.15, 0.02),
+    "gpu_idle_fraction": Metric("share of a step the GPU waits for the network", 0.0, 0.05),
+}
+
+
+def metric_of(key: str) -> Metric:
+    return METRICS[key.rsplit(".", 1)[-1]]
+
+
+# -- what one emulated result says -------------------------------------------------------------
+
+def _ecmp(result: dict[str, Any]) -> dict[str, float]:
+    mt = result["metrics"]
+    n_uplinks = max(len(mt["flows_per_uplink"]), 1)
+    fair = math.ceil(len(result["flows"]) / n_uplinks)
+    return {"imbalance": mt["imbalance"],
+            "collisions": float(max(0, mt["max_flows_per_uplink"] - fair)),
+            "drops": float(sum(mt["uplink_drops"].values())),
+            "goodput_shortfall": mt["goodput_shortfall"]}
+
+
+def _collective(result: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for name, mt in result["metrics"]["phases"].items():
+        if mt.get("paths") != "hash":
+            continue                  # pinned by the lab: no policy decides these paths
+        for key in ("step_p99_s", "gpu_idle_fraction", "drops"):
+            out[f"{name}.{key}"] = float(mt[key])
+    return out
+
+
+def _streaming(result: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for name, mt in result["metrics"]["phases"].items():
+        out[f"{name}.stalls"] = float(mt["stalls"])
+        out[f"{name}.drops"] = float(sum(mt.get("uplink_drops", {}).values()))
+    return out
+
+
+def extract(result: dict[str, Any]) -> dict[str, float]:
+    """The regression metrics of one result, by its kind."""
+    kind = result.get("kind", "ecmp")
+    return {"ecmp": _ecmp, "collective": _collective, "streaming": _streaming}[kind](result)
+
+
+# -- many trials -------------------------------------------------------------------------------
+
+@dataclass
+class Stat:
+    """One metric over the trials."""
+
+    values: list[float]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values) if self.values else 0.0
+
+    @property
+    def p50(self) -> float:
+        return _quantile(self.values, 0.5)
+
+    @property
+    def p95(self) -> float:
+        return _quantile(self.values, 0.95)
+
+    @property
+    def max(self) -> float:
+        return max(self.values, default=0.0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"values": self.values, "mean": round(self.mean, 6), "p50": round(self.p50, 6),
+                "p95": round(self.p95, 6), "max": round(self.max, 6)}
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default), 0 for no values."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass
+class ScenarioRun:
+    """One policy on one scenario over its trials: each trial's directory and metrics."""
+
+    scenario: str
+    policy: str
+    sets: list[str]
+    duration: float | None
+    seeds: list[int]
+    dirs: list[Path] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    trial_metrics: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def stats(self) -> dict[str, Stat]:
+        keys = sorted({k for tm in self.trial_metrics for k in tm})
+        return {k: Stat([tm[k] for tm in self.trial_metrics if k in tm]) for k in keys}
+
+    @property
+    def invalid_trials(self) -> list[int]:
+        return [r["seed"] for r in self.results if not r["fidelity"]["valid"]]
+
+
+Progress = Callable[[str], None]
+
+
+def run_trials(scenario_name: str, policy: str, seeds: Sequence[int], out_root: Path,
+               sets: Sequence[str] = (), duration: float | None = None,
+               step: Progress | None = None, log: Progress | None = None) -> ScenarioRun:
+    """Run ``scenario_name`` once per seed under ``policy``; every result kept on disk."""
+    from lab import run as runmod
+    sr = ScenarioRun(scenario_name, policy, list(sets), duration, list(seeds))
+    for seed in seeds:
+        (plan,) = runmod.make_plans(scenario_name, policy=policy, sets=list(sets),
+                                    duration=duration, seed=seed)
+        out_dir = out_root / plan.policy_label / scenario_name / f"seed-{seed}"
+        result = runmod.execute(plan, out_dir, log or (lambda _msg: None))
+        runmod.write_report_quietly(out_dir, log)
+        sr.dirs.append(out_dir)
+        sr.results.append(result)
+        sr.trial_metrics.append(extract(result))
+        if step is not None:
+            step(f"{plan.policy_label} {scenario_name} seed {seed}")
+    return sr
+
+
+def validate_inputs(scenarios: Sequence[str], policies_: Sequence[str], sets: Sequence[str],
+                    duration: float | None) -> None:
+    """Everything checked before the first fabric starts: scenarios, policies, --set."""
+    from lab import run as runmod
+    if not scenarios:
+        raise RegressError("scenarios", "no scenario to run")
+    for name in scenarios:
+        for policy in policies_:
+            runmod.make_plans(name, policy=policy, sets=list(sets), duration=duration, seed=1)
+
+
+# -- baselines ---------------------------------------------------------------------------------
+
+def make_baseline(runs: Sequence[ScenarioRun], environment: dict[str, Any]) -> dict[str, Any]:
+    """A baseline file's content from one policy's runs."""
+    policies_ = {r.policy for r in runs}
+    if len(policies_) != 1:
+        raise RegressError("policy", "a baseline is of one policy; got "
+                           f"{', '.join(sorted(policies_))}")
+    first = runs[0].results[0]
+    return {
+        "schema": BASELINE_SCHEMA,
+        "policy": first["policy"],
+        "policy_spec": runs[0].policy,
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "environment": environment,
+        "seeds": runs[0].seeds,
+        "tolerances": {k: {"rel": m.rel, "abs": m.abs} for k, m in METRICS.items()},
+        "scenarios": {r.scenario: {"sets": r.sets, "duration": r.duration,
+                                   "metrics": {k: s.as_dict() for k, s in r.stats.items()}}
+                      for r in runs},
+    }
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    """A baseline file, checked: its schema, and the fields a comparison reads."""
+    where = f"baseline {path}"
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise RegressError("baseline", f"cannot read {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise RegressError("baseline", f"{path} is not JSON: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("schema") != BASELINE_SCHEMA:
+        got = raw.get("schema") if isinstance(raw, dict) else type(raw).__name__
+        raise RegressError("baseline.schema", f"{path} has schema {got!r}, this FabricLab "
+                           f"reads {BASELINE_SCHEMA!r} (write a new one with "
+                           f"--update-baseline)")
+    seeds = raw.get("seeds")
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)):
+        raise RegressError("baseline.seeds", f"{where}: expected a non-empty list of ints")
+    scenarios = raw.get("scenarios")
+    if not isinstance(scenarios, dict) or not scenarios:
+        raise RegressError("baseline.scenarios", f"{where}: expected a mapping of scenarios")
+    for name, sc in scenarios.items():
+        metrics = sc.get("metrics") if isinstance(sc, dict) else None
+        if not isinstance(metrics, dict):
+            raise RegressError(f"baseline.scenarios.{name}.metrics", f"{where}: missing")
+        for key, stat in metrics.items():
+            if key.rsplit(".", 1)[-1] not in METRICS:
+                raise RegressError(f"baseline.scenarios.{name}.metrics.{key}",
+                                   f"{where}: unknown metric (known: {', '.join(METRICS)})")
+            if not isinstance(stat, dict) or not isinstance(stat.get("mean"), int | float):
+                raise RegressError(f"baseline.scenarios.{name}.metrics.{key}.mean",
+                                   f"{where}: expected a number")
+    return raw
+
+
+@dataclass(frozen=True)
+class Row:
+    """One metric of one scenario: baseline, now, and the verdict."""
+
+    scenario: str
+    metric: str
+    base: float
+    now: float
+    limit: float
+    status: str                # ok, REGRESSED, improved, missing
+
+    @property
+    def delta(self) -> float:
+        return self.now - self.base
+
+
+def compare(baseline: dict[str, Any], runs: Sequence[ScenarioRun]) -> list[Row]:
+    """Each baseline metric against the same scenario's trials now."""
+    rows = []
+    now_by_scenario = {r.scenario: r.stats for r in runs}
+    for name, sc in baseline["scenarios"].items():
+        stats = now_by_scenario.get(name)
+        if stats is None:
+            continue
+        for key, stat in sorted(sc["metrics"].items()):
+            base = float(stat["mean"])
+            tol = baseline.get("tolerances", {}).get(key.rsplit(".", 1)[-1])
+            metric = (Metric("", float(tol["rel"]), float(tol["abs"])) if tol
+                      else metric_of(key))
+            limit = metric.limit(base)
+            if key not in stats:
+                rows.append(Row(name, key, base, math.nan, limit, "missing"))
+                continue
+            now = stats[key].mean
+            status = ("REGRESSED" if now > limit
+                      else "improved" if now < base - (limit - base) else "ok")
+            rows.append(Row(name, key, base, now, limit, status))
+    return rows
+
+
+def regressed(rows: Sequence[Row]) -> list[Row]:
+    return [r for r in rows if r.status in ("REGRESSED", "missing")]
+
+
+# -- output ------------------------------------------------------------------------------------
+
+def _fmt(x: float) -> str:
+    if math.isnan(x):
+        return "-"
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3f}"
+
+
+def render_table(policy: str, base_policy: str, rows: Sequence[Row]) -> str:
+    """The comparison as text: which metric moved, by how much, against which limit."""
+    head = ("scenario", "metric", f"baseline ({base_policy})", f"now ({policy})", "change",
+            "limit", "")
+    body = [(r.scenario, r.metric, _fmt(r.base), _fmt(r.now),
+             ("-" if math.isnan(r.now) else f"{r.delta:+.3f}"
+              + (f" ({r.delta / r.base * 100:+.0f}%)" if r.base else "")),
+             _fmt(r.limit), r.status) for r in rows]
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *body, strict=True)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+             for line in (head, *body)]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def render_stats(runs: Sequence[ScenarioRun]) -> str:
+    """Each scenario's metrics over its trials (no baseline to compare with)."""
+    lines = []
+    for r in runs:
+        lines.append(f"{r.scenario} ({len(r.seeds)} trials, seeds {r.seeds[0]}..{r.seeds[-1]})")
+        for key, s in r.stats.items():
+            lines.append(f"  {key:32s} mean {_fmt(s.mean):>8s}  p95 {_fmt(s.p95):>8s}  "
+                         f"max {_fmt(s.max):>8s}")
+        if r.invalid_trials:
+            lines.append(f"  note: CPU-bound (invalid fidelity) trials: seeds "
+                         f"{r.invalid_trials}")
+    return "\n".join(lines)
+
+
+def write_junit(path: Path, suites: dict[str, list[Row]]) -> None:
+    """JUnit XML, one testsuite per policy and one testcase per scenario metric."""
+    out = ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>"]
+    for policy, rows in suites.items():
+        bad = regressed(rows)
+        out.append(f"  <testsuite name={quoteattr('regress.' + policy)} tests=\"{len(rows)}\" "
+                   f"failures=\"{len(bad)}\">")
+        for r in rows:
+            name = quoteattr(f"{r.scenario}.{r.metric}")
+            out.append(f"    <testcase classname={quoteattr(policy)} name={name}>")
+            if r in bad:
+                msg = (f"{r.metric} {r.status}: baseline {_fmt(r.base)}, now {_fmt(r.now)}, "
+                       f"limit {_fmt(r.limit)}")
+                out.append(f"      <failure message={quoteattr(msg)}/>")
+            out.append("    </testcase>")
+        out.append("  </testsuite>")
+    out.append("</testsuites>")
+    Path(path).write_text("\n".join(out) + "\n")
