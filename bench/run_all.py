@@ -13,7 +13,8 @@ def main() -> int:
     out = HERE / "out"
     out.mkdir(exist_ok=True)
     rc = 0
-    for script in ("bringup.py", "ecmp_basic.py", "streaming_incident.py", "collective.py"):
+    for script in ("bringup.py", "ecmp_basic.py", "streaming_incident.py", "collective.py",
+                   "offline.py"):
         print(f"== {script}", flush=True)
         rc |= subprocess.run([sys.executable, str(HERE / script), "--json",
                               str(out / script.replace(".py", ".json"))]).returncode

@@ -36,12 +36,13 @@ class LeastLoaded(HashPolicy):
     new_flow_bps: ClassVar[float] = 20e6
     #: How long a decision is reused for the same flow at the same switch.
     sticky_s: ClassVar[float] = 5.0
+    MAX_REMEMBERED: ClassVar[int] = 100_000
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__(seed)
         self._measured: dict[str, dict[int, float]] = {}
         self._recent: dict[str, dict[int, float]] = {}
-        self._decided: dict[tuple[str, FlowKey], tuple[int, float]] = {}
+        self._decided: dict[tuple[str, FlowKey, tuple[int, ...]], tuple[int, float]] = {}
         self._fresh = False                     # the last choose() was a new decision
 
     def load(self, switch: str, port: int) -> float:
@@ -53,8 +54,9 @@ class LeastLoaded(HashPolicy):
         if not ports:
             raise ValueError("no candidate ports to choose from")
         now = time.monotonic()
-        earlier = self._decided.get((switch, flow))
-        if earlier is not None and now - earlier[1] < self.sticky_s and earlier[0] in ports:
+        key = (switch, flow, tuple(ports))
+        earlier = self._decided.get(key)
+        if earlier is not None and now - earlier[1] < self.sticky_s:
             self._fresh = False
             return earlier[0]
         h = seeded_crc(pack_5tuple(flow), self.seed)
@@ -62,10 +64,12 @@ class LeastLoaded(HashPolicy):
         # Rotate the candidates by the hash so that equal loads do not always pick ports[0].
         order = [ports[(h + i) % n] for i in range(n)]
         port = min(order, key=lambda p: self.load(switch, p))
-        if len(self._decided) > 100_000:        # a long run: forget old decisions
+        if len(self._decided) >= self.MAX_REMEMBERED:   # forget old decisions
             self._decided = {k: v for k, v in self._decided.items()
                              if now - v[1] < self.sticky_s}
-        self._decided[(switch, flow)] = (port, now)
+            if len(self._decided) >= self.MAX_REMEMBERED // 2:
+                self._decided.clear()       # an offline flood, not a live fabric: start over
+        self._decided[key] = (port, now)
         self._fresh = True
         return port
 

@@ -11,7 +11,7 @@ from controllers import policies
 from controllers.policies import FlowKey, HashPolicy
 from controllers.policies.base import GRANULARITIES, seeded_crc
 
-NAMES = ["hash-l3", "hash5", "ovs-select"]
+NAMES = ["flowlet", "hash-l3", "hash5", "hash5-tier", "least-loaded", "ovs-select"]
 
 
 def random_flows(n: int, seed: int = 7, proto: int = 6) -> list[FlowKey]:
@@ -22,7 +22,7 @@ def random_flows(n: int, seed: int = 7, proto: int = 6) -> list[FlowKey]:
             for _ in range(n)]
 
 
-def test_registry_finds_the_three_policies() -> None:
+def test_registry_finds_the_policies() -> None:
     assert policies.available() == NAMES
     for name in NAMES:
         cls = policies.get(name)
@@ -50,7 +50,7 @@ def test_unknown_policy_names_the_field_and_the_choices(bad: object) -> None:
         policies.get(bad)  # type: ignore[arg-type]
     assert isinstance(exc.value, ValueError)
     assert str(exc.value) == (f"policy: unknown policy {bad!r} "
-                              "(known: hash-l3, hash5, ovs-select)")
+                              f"(known: {', '.join(NAMES)})")
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -290,7 +290,8 @@ def test_config_round_trips_into_the_routing_input() -> None:
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"policy": "foo"}, "policy: unknown policy 'foo' (known: hash-l3, hash5, ovs-select)"),
+    ({"policy": "foo"}, "policy: unknown policy 'foo' (known: "
+     + ", ".join(policies.available()) + ")"),
     ({"seed": "1"}, "seed: expected an integer"),
     ({"switches": [{"name": "leaf1", "dpid": 1}, {"name": "leaf1", "dpid": 2}]},
      "switches: duplicate switch name"),
