@@ -9,7 +9,12 @@ from controllers.policies.base import FlowKey
 from lab.result import validate
 from tests.integration.support import check_links_agree_with_flows, run_result
 
-POLICIES = ["ovs-select", "hash5", "hash-l3"]
+POLICIES = ["ovs-select", "hash5", "hash-l3", "hash5-tier", "least-loaded", "flowlet"]
+#: Stateless controller-decided policies: the path must be exactly what choose() says.
+#: (flowlet's first flowlet is a plain function of the 5-tuple too.)
+EXACT = ("hash5", "hash-l3", "hash5-tier", "flowlet")
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_run_each_policy(tmp_path, policy):
     r = run_result(tmp_path, "--policy", policy, "--duration", "4")
@@ -32,7 +37,7 @@ def test_run_each_policy(tmp_path, policy):
         expect = ln["tx_bytes"] * 8 / r["duration_s"] / (ln["bw_mbps"] * 1e6)
         assert ln["util_mean"] == pytest.approx(expect, abs=1e-3)
         assert ln["util_mean"] <= 1.05
-    if policy in ("hash5", "hash-l3"):
+    if policy in EXACT:
         # The controller installs exactly what the policy decides, so the path the counters
         # show must be the one the policy's choose() gives for the flow's 5-tuple.
         pol = policies.get(policy)(seed=r["seed"])
