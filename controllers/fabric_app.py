@@ -122,6 +122,7 @@ class FabricApp(BaseApp):
         self._decisions = 0
         # Last port counters per switch, for load-aware policies: {switch: (t, {port: bytes})}.
         self._port_bytes: dict[str, tuple[float, dict[int, int]]] = {}
+        self._port_samples = 0              # measurements given to the policy (status)
         self.control = ControlServer(self.cfg.control_socket, self.handle_request, hub.spawn)
         LOG.info("fabric app on %s %s (%s hub): policy %s (%s) seed %d, %d switches, "
                  "%d hosts, %d switch links", RUNTIME_NAME, RUNTIME_VERSION, HUB_TYPE,
@@ -256,6 +257,7 @@ class FabricApp(BaseApp):
             dt = now - last[0]
             rates = {p: max(0, b - last[1].get(p, b)) * 8 / dt for p, b in counts.items()}
             self.policy.observe_ports(name, rates)
+            self._port_samples += 1
 
     # -- reactive per-flow decisions ---------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
@@ -319,11 +321,13 @@ class FabricApp(BaseApp):
             states = {name: sw.state for name, sw in self._switches.items()}
             errors = {name: sw.errors[-1] for name, sw in self._switches.items() if sw.errors}
             decisions, watched = self._decisions, len(self._watched)
+            port_samples = self._port_samples
         switches = {s.name: states.get(s.name, "absent") for s in self.cfg.switches}
         return {"ok": True, "runtime": RUNTIME_NAME, "runtime_version": RUNTIME_VERSION,
                 "policy": self.policy.name, "seed": self.cfg.seed, "switches": switches,
                 "ready": all(v == "programmed" for v in switches.values()),
-                "errors": errors, "watched": watched, "decisions": decisions}
+                "errors": errors, "watched": watched, "decisions": decisions,
+                "port_samples": port_samples}
 
     def watch(self, flows: Any) -> dict[str, Any]:
         """Per-flow counters on every connected switch; replies after all their barriers."""

@@ -233,6 +233,7 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         after = telemetry.drained_snapshot(ports)
         t_end = time.monotonic() - sampler.t0
         flows1 = telemetry.settled_flow_counters(bridges)
+        status = fabric.controller.request({"cmd": "status"})
     finally:
         runner.stop()
         sampler.stop()
@@ -248,6 +249,9 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         "params": plan.params,
         "links": link_entries(ports, before, after, sampler, measured, t_start),
         "flows": flow_entries(plan.flows, counters, plan.topo_desc),
+        # What the controller did: per-flow decisions taken, port-load samples fed to a
+        # load-aware policy (0 for the others).
+        "controller": {k: status.get(k) for k in ("decisions", "port_samples")},
     }
     result["metrics"] = plan.kind.analyse(result, plan.params)
     idle = [round(x, 1) for x in sampler.cpu_idle_pct(t_start, t_end)]

@@ -46,6 +46,9 @@ def test_run_each_policy(tmp_path, policy):
         for f in r["flows"]:
             key = FlowKey(f["src_ip"], f["dst_ip"], 6, f["sport"], f["dport"])
             assert f["path"][1] == port_peer[pol.choose(key, "leaf1", sorted(port_peer))], f
+    granularity = policies.get(policy).granularity
+    assert (r["controller"]["decisions"] > 0) == (granularity == "flow")
+    assert (r["controller"]["port_samples"] > 0) == (policy == "least-loaded")
     m = r["metrics"]
     assert sum(m["flows_per_uplink"].values()) == 8
     assert set(m["flows_per_uplink"]) == {"leaf1->spine1", "leaf1->spine2"}
