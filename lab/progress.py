@@ -53,3 +53,47 @@ class Bar:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+class Ticker:
+    """A time bar while a phase of known length runs: ``with Ticker(10, "[hash5] traffic"):``.
+
+    Only on a terminal (a thread redraws it twice a second); elsewhere it does nothing, so
+    logs keep one line per phase. Expected length, not a deadline: it stops at 100 %.
+    """
+
+    def __init__(self, seconds: float, label: str, stream: TextIO | None = None,
+                 width: int = 30, interval: float = 0.5) -> None:
+        import threading
+        self.seconds = max(seconds, 1e-3)
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.active = self.stream.isatty()
+
+    def line(self, elapsed: float) -> str:
+        frac = min(elapsed / self.seconds, 1.0)
+        filled = int(self.width * frac)
+        return (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
+                f"{min(elapsed, self.seconds):.0f}/{self.seconds:.0f} s")
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.wait(self.interval):
+            self.stream.write("\r\033[K" + self.line(time.monotonic() - t0))
+            self.stream.flush()
+
+    def __enter__(self) -> Ticker:
+        if self.active:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.active:
+            self._stop.set()
+            self._thread.join()
+            self.stream.write("\r\033[K")
+            self.stream.flush()

@@ -24,6 +24,7 @@ from controllers import policies
 from lab import diagnose, environment, kinds, scenario, state, telemetry
 from lab.errors import MachineError, ScenarioError
 from lab.fabric import Fabric
+from lab.progress import Ticker
 from lab.result import SCHEMA_VERSION, flow_entries, link_entries, validate
 from lab.topologies import describe, make_topology
 from lab.traffic import FlowRunner, FlowSpec
@@ -228,7 +229,8 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         t_start = time.monotonic() - sampler.t0
         runner.start_clients(duration)
         progress(f"[{plan.policy_label}] {len(plan.flows)} flows for {duration:g} s ...")
-        runner.wait(timeout_s=duration + 15)
+        with Ticker(duration, f"[{plan.policy_label}] traffic"):
+            runner.wait(timeout_s=duration + 15)
         fabric.timings["traffic_s"] = time.monotonic() - sampler.t0 - t_start
         after = telemetry.drained_snapshot(ports)
         t_end = time.monotonic() - sampler.t0

@@ -40,6 +40,7 @@ from lab.edge import CORE, GATEWAY_IP
 from lab.edgecontrol import FiveTuple
 from lab.errors import MachineError, ScenarioError
 from lab.paths import adjacency, attachment, path_from_counters
+from lab.progress import Ticker
 from lab.result import SCHEMA_VERSION, link_entries
 from lab.scenario import Param
 from lab.traffic import FlowSpec
@@ -418,12 +419,13 @@ class EdgeRun:
         events: dict[str, Any] = {}
         if phase.startswith("failover"):
             events = self.failover(phase, config, t_unix)
-        for proc in senders + players:
-            try:
-                proc.wait(timeout=duration + 30)
-            except Exception:
-                proc.kill()
-                proc.wait()
+        with Ticker(duration, f"[{phase}] streaming"):
+            for proc in senders + players:
+                try:
+                    proc.wait(timeout=duration + 30)
+                except Exception:
+                    proc.kill()
+                    proc.wait()
         marks.append(("traffic", time.monotonic()))
         after_f = telemetry.drained_snapshot(self.fports)
         after_r = routerstats.snapshot(self.pids, self.rports)

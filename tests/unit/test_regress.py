@@ -133,3 +133,23 @@ def test_progress_bar_lines_without_a_terminal() -> None:
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("regress [........] 0/4")
     assert lines[2].startswith("regress [####....] 2/4, ") and "left  two" in lines[2]
+
+
+def test_ticker_is_silent_off_a_terminal_and_draws_on_one() -> None:
+    from lab.progress import Ticker
+    out = io.StringIO()
+    with Ticker(1.0, "[x] traffic", stream=out, interval=0.01):
+        pass
+    assert out.getvalue() == ""
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+    tty = Tty()
+    import time
+    with Ticker(0.2, "[x] traffic", stream=tty, width=10, interval=0.02):
+        time.sleep(0.25)
+    drawn = tty.getvalue()
+    assert "[x] traffic [" in drawn and "##########]" in drawn      # reached 100 %
+    assert drawn.endswith("\r\033[K")                             # and cleared its line
+    assert Ticker(10, "t", stream=out, width=10).line(5.0) == "t [#####.....] 5/10 s"
