@@ -81,3 +81,33 @@ def check_links_agree_with_flows(r: dict) -> list[str]:
             problems.append(f"{ln['node']}->{ln['peer']}: link {ln['tx_bytes']} B, "
                             f"flows {flows_bytes} B")
     return problems
+
+
+def spine_bytes_on_one_pair(policy: str, flows: list[tuple[int, int, int]],
+                            sender_code: str, timeout: float) -> tuple[dict[int, dict], int]:
+    """Run ``sender_code`` in h1 of ecmp-one-pair under ``policy``; read the spines' counters.
+
+    ``flows`` are (cookie, sport, dport) of UDP flows h1 -> h3 to watch; ``sender_code`` is
+    Python formatted with ``src`` and ``dst``. Returns {cookie: {spine: bytes}} and the
+    controller's decisions during the sending.
+    """
+    from lab import run, telemetry
+    (plan,) = run.make_plans("ecmp-one-pair", policy=policy, seed=1)
+    hosts = {h["name"]: h["ip"] for h in plan.topo_desc["hosts"]}
+    src, dst = hosts["h1"], hosts["h3"]
+    with run.fabric_session(f"test-{plan.policy_label}", plan.topology(), plan.env, plan.runtime,
+                            plan.policy, 1) as fabric:
+        run.bring_up(plan, fabric, print)
+        assert fabric.controller is not None
+        fabric.controller.request({"cmd": "watch", "flows": [
+            {"cookie": c, "proto": 17, "src": src, "dst": dst, "sport": sp, "dport": dp}
+            for c, sp, dp in flows]})
+        before = fabric.controller.request({"cmd": "status"})["decisions"]
+        proc = fabric.host("h1").popen(["python3", "-c", sender_code.format(src=src, dst=dst)])
+        fabric.record.add_pid(proc.pid, "test sender")
+        assert proc.wait(timeout=timeout) == 0
+        decisions = fabric.controller.request({"cmd": "status"})["decisions"] - before
+        spines = [s["name"] for s in plan.topo_desc["switches"] if s["role"] == "spine"]
+        counters = {sw: telemetry.flow_counters(sw) for sw in spines}
+    return ({c: {sw: counters[sw].get(c, (0, 0))[1] for sw in spines} for c, _, _ in flows},
+            decisions)
