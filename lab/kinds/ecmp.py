@@ -67,6 +67,36 @@ def plan(topo_desc: dict, params: dict[str, Any], rng: random.Random) -> list[Fl
     return flows
 
 
+#: Upward hops, tier by tier: where a hash chooses among equal-cost links.
+UP = {("leaf", "spine"), ("edge", "agg"), ("agg", "core")}
+
+
+def upward_links_used(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per upward tier, the links the flows' packets crossed (from counters) of those there.
+
+    "There" is every link up from a switch some flow passed at that tier. Polarisation
+    shows here: with one hash at every tier, the aggregation switches repeat the edge's
+    choice and only half their core links carry anything.
+    """
+    roles = {s["name"]: s["role"] for s in result["topology"]["switches"]}
+    used: dict[str, set[tuple[str, str]]] = {}
+    at: dict[str, set[str]] = {}
+    for f in result["flows"]:
+        for a, b in zip(f["path"], f["path"][1:], strict=False):
+            tier = (roles.get(a), roles.get(b))
+            if tier in UP:
+                name = f"{tier[0]}->{tier[1]}"
+                used.setdefault(name, set()).add((a, b))
+                at.setdefault(name, set()).add(a)
+    out = {}
+    for name, links in used.items():
+        upper = name.split("->")[1]
+        there = {(ln["a"], ln["b"]) for ln in result["topology"]["links"]
+                 if ln["a"] in at[name] and roles.get(ln["b"]) == upper}
+        out[name] = {"used": sorted(f"{a}->{b}" for a, b in links), "of": len(there)}
+    return out
+
+
 def analyse(result: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """Per-uplink utilisation, imbalance, flows per uplink, expectation, goodput shortfall."""
     topo = result["topology"]
@@ -101,6 +131,7 @@ def analyse(result: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         # The same policy, offline, on the same 5-tuples (lab.predict): what the run should
         # show if the fabric did exactly what the policy function says.
         "predicted": predicted,
+        "upward_links_used": upward_links_used(result),
     }
 
 
@@ -119,6 +150,8 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
                               f"(shortfall {mt['goodput_shortfall'] * 100:.1f}%)"),
         ("retransmits", str(mt["retransmits"])),
     ]
+    for tier, u in mt.get("upward_links_used", {}).items():
+        rows.append((f"{tier} links used", f"{len(u['used'])} of {u['of']}"))
     if "predicted" in mt:
         pred = mt["predicted"]
         rows.append(("predicted (offline)", f"imbalance {pred['imbalance']:.3f}, max "

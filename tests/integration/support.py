@@ -52,11 +52,16 @@ def fabriclab(*args: str, timeout: float = 300, check: bool = True) -> subproces
     return r
 
 
+def run_scenario(tmp_path: Path, scenario: str, *args: str) -> dict:
+    """`fabriclab run SCENARIO ARGS --out TMP` and its result.json."""
+    out = tmp_path / "out"
+    fabriclab("run", scenario, "--out", str(out), *args)
+    return json.loads((out / "result.json").read_text())
+
+
 def run_result(tmp_path: Path, *args: str) -> dict:
     """`fabriclab run ecmp-basic ARGS --out TMP` and its result.json."""
-    out = tmp_path / "out"
-    fabriclab("run", "ecmp-basic", "--out", str(out), *args)
-    return json.loads((out / "result.json").read_text())
+    return run_scenario(tmp_path, "ecmp-basic", *args)
 
 #: Per-link agreement: a few per cent, plus a small absolute slack for the iperf3 control
 #: connections (not watched) and the controller's packet-outs.

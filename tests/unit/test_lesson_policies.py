@@ -29,3 +29,16 @@ def test_skeleton_and_solution_offline() -> None:
     assert good.collision_prob == 0.0 and good.max_load_p95 == 2
     hash5 = offline.bucket_eval(policies.get("hash5"), flows, "leaf1", [5, 6, 7, 8], 8)
     assert 0.9 < hash5.collision_prob < 1.0        # a hash still collides on most seeds
+
+
+def test_anti_polarisation_skeleton_polarises_and_solution_does_not() -> None:
+    from lab.topologies import describe, make_topology
+    lesson = LESSON.parent / "ecmp-polarisation"
+    topo = describe(make_topology({"type": "fattree", "k": 4}))
+    ips = [h["ip"] for h in topo["hosts"]]
+    flows = offline.synthetic_flows(3000, random.Random(5), ips, ips)
+    for kind, polarised in (("exercises", True), ("solutions", False)):
+        cls = policies.resolve(str(lesson / kind / "anti_polarisation.py"))
+        report = offline.polarisation_eval(cls, flows, topo, seed=1)
+        assert report.polarised is polarised, (kind, report.nmi)
+        assert report.second_links_used == (8 if polarised else 16)
