@@ -879,7 +879,15 @@ def _figure(plot: Plot, png: bytes, caption: bool = True) -> str:
 
 
 def _run_date(run_dir: Path) -> str:
-    """When the run finished: result.json's modification time (result.json has no date)."""
+    """When the run finished: result.json's ``finished`` (UTC), else its modification time
+    (results written before the field existed)."""
+    try:
+        finished = json.loads((run_dir / "result.json").read_text()).get("finished")
+        if isinstance(finished, str):
+            when = dt.datetime.strptime(finished, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+            return when.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    except (OSError, ValueError, AttributeError):
+        pass
     try:
         ts = (run_dir / "result.json").stat().st_mtime
     except OSError:

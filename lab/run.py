@@ -201,6 +201,9 @@ def write_result(result: dict[str, Any], out_dir: Path) -> None:
     problems = validate(result)
     if problems:
         raise MachineError("result", "; ".join(problems))
+    # When the run finished, in UTC: reports and comparisons date a run by it, not by the
+    # file's modification time, which a copy resets.
+    result.setdefault("finished", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
 
 
