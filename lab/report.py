@@ -457,8 +457,12 @@ def _stall_spec(sec: Section, run_dir: Path | None) -> _Spec | Skipped:
     players = _player_streams(run_dir, sec.name)
     rows = []
     for f in streams:
-        m = re.search(r"(\d+)$", str(f.get("id", "")))
-        p = players.get((str(f.get("dst")), int(m.group(1)))) if m else None
+        # The result's own copy of the player's timeline; older results only have it in
+        # the players' files, matched by the stream number at the end of the flow id.
+        p = _dict(f.get("playout")) or None
+        if p is None or _num(p.get("first_arrival_unix")) is None:
+            m = re.search(r"(\d+)$", str(f.get("id", "")))
+            p = players.get((str(f.get("dst")), int(m.group(1)))) if m else None
         if p is not None and _num(p.get("first_arrival_unix")) is not None:
             rows.append((f, p))
     title = _title("Stream stalls", sec)

@@ -662,6 +662,9 @@ class EdgeRun:
             "jitter_ms": player.get("jitter_ms"), "max_gap_s": player.get("max_gap_s"),
             "max_gap_start_unix": player.get("max_gap_start_unix"),
             "end_reason": player.get("end_reason"), "received": bool(player),
+            # The player's timeline, so a report can draw when each stall happened.
+            "playout": {k: player.get(k) for k in ("first_arrival_unix", "startup_delay_s",
+                                                    "play_end_s", "stall_events")},
         }
         return entry
 
