@@ -67,91 +67,15 @@ def _policies_wanted(args: argparse.Namespace) -> list[str]:
 
 def _cmd_regress(args: argparse.Namespace) -> int:
     """Run scenarios × seeds per policy; compare with a baseline; exit 1 on a regression."""
-    import time
-
-    from lab import regress
-    from lab.progress import Bar
-    from lab.run import require_root
-    wanted = _policies_wanted(args)
-    baseline = None
-    if args.baseline and not args.update_baseline:
-        baseline = regress.load_baseline(Path(args.baseline))
-    if args.update_baseline:
-        if not args.baseline:
-            raise regress.RegressError("baseline", "--update-baseline needs --baseline FILE")
-        if len(wanted) != 1:
-            raise regress.RegressError("policy", "--update-baseline writes one policy's "
-                                       "baseline; give exactly one --policy or --policy-file")
-    if baseline is not None:
-        scenarios = args.scenarios or list(baseline["scenarios"])
-        seeds = list(baseline["seeds"]) if args.trials is None else \
-            list(range(args.seed, args.seed + args.trials))
-    else:
-        scenarios = args.scenarios or list(regress.DEFAULT_SCENARIOS)
-        trials = regress.DEFAULT_TRIALS if args.trials is None else args.trials
-        seeds = list(range(args.seed, args.seed + trials))
-    if not seeds:
-        raise regress.RegressError("trials", "at least one trial")
-
-    def sc_sets(name: str) -> tuple[list[str], float | None]:
-        if baseline is not None and name in baseline["scenarios"] and not args.set:
-            sc = baseline["scenarios"][name]
-            return list(sc.get("sets") or []), sc.get("duration") if args.duration is None \
-                else args.duration
-        return list(args.set), args.duration
-
-    require_root()
-    for name in scenarios:
-        sets, duration = sc_sets(name)
-        regress.validate_inputs([name], wanted, sets, duration)
-    out_root = Path(args.out) if args.out else \
-        Path("results") / f"regress-{time.strftime('%Y%m%d-%H%M%S')}"
-    out_root.mkdir(parents=True, exist_ok=True)
-    log_path = out_root / "regress.log"
-    bar = Bar(len(wanted) * len(scenarios) * len(seeds), "regress")
-    all_runs: dict[str, list[regress.ScenarioRun]] = {}
-    with open(log_path, "a") as log:
-        def say(msg: str) -> None:
-            log.write(msg + "\n")
-            log.flush()
-        for policy in wanted:
-            for name in scenarios:
-                sets, duration = sc_sets(name)
-                bar.show(f"{policy} {name} ...")
-                all_runs.setdefault(policy, []).append(regress.run_trials(
-                    name, policy, seeds, out_root, sets, duration, step=bar.step, log=say))
-    bar.close()
-    env = all_runs[wanted[0]][0].results[0]["environment"]
-    summary: dict[str, object] = {"seeds": seeds, "scenarios": scenarios, "policies": {}}
-    suites: dict[str, list[regress.Row]] = {}
-    failed = False
-    for runs in all_runs.values():
-        label = runs[0].results[0]["policy"]
-        print(f"\n== {label}: {len(scenarios)} scenarios x {len(seeds)} trials")
-        print(regress.render_stats(runs))
-        entry: dict[str, object] = {"stats": {r.scenario: {k: s.as_dict() for k, s in
-                                                           r.stats.items()} for r in runs}}
-        if baseline is not None:
-            rows = regress.compare(baseline, runs)
-            suites[label] = rows
-            print()
-            print(regress.render_table(label, baseline["policy"], rows))
-            bad = regress.regressed(rows)
-            failed = failed or bool(bad)
-            verdict = (f"REGRESSION: {len(bad)} metric(s) beyond tolerance" if bad
-                       else "no regression")
-            print(f"{label} vs baseline {baseline['policy']}: {verdict}")
-            entry["comparison"] = [r.__dict__ | {"delta": r.delta} for r in rows]
-        summary["policies"][label] = entry  # type: ignore[index]
-        if args.update_baseline:
-            data = regress.make_baseline(runs, env)
-            Path(args.baseline).write_text(json.dumps(data, indent=1) + "\n")
-            print(f"baseline written: {args.baseline}")
-    (out_root / "regress.json").write_text(json.dumps(summary, indent=1, default=str))
-    if args.junit:
-        regress.write_junit(Path(args.junit), suites)
-    print(f"results: {out_root}")
-    return 1 if failed else 0
+    from lab import regress_session
+    request = regress_session.Request(
+        policies=_policies_wanted(args), scenarios=args.scenarios, trials=args.trials,
+        first_seed=args.seed, sets=list(args.set), duration=args.duration,
+        baseline=Path(args.baseline) if args.baseline else None,
+        update_baseline=args.update_baseline,
+        junit=Path(args.junit) if args.junit else None,
+        out=Path(args.out) if args.out else None)
+    return regress_session.execute(request)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

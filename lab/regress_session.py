@@ -1,0 +1,136 @@
+"""One ``fabriclab regress`` invocation: resolve what to run, run it, compare, write.
+
+``lab.regress`` holds the pieces (metrics, trials, baselines, verdicts, output formats); this
+module strings them together the way the command line asks, so the CLI stays a parser and a
+test can drive a whole regression without one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lab import regress
+from lab.progress import Bar
+
+
+@dataclass
+class Request:
+    """What the user asked for; ``None`` means "the baseline's, else the default"."""
+
+    policies: list[str]
+    scenarios: list[str] | None = None
+    trials: int | None = None
+    first_seed: int = 1
+    sets: list[str] | None = None
+    duration: float | None = None
+    baseline: Path | None = None
+    update_baseline: bool = False
+    junit: Path | None = None
+    out: Path | None = None
+
+
+@dataclass
+class Plan:
+    """A request resolved against its baseline: every input checked, nothing started."""
+
+    policies: list[str]
+    scenarios: list[str]
+    seeds: list[int]
+    per_scenario: dict[str, tuple[list[str], float | None]]    # --set values, duration
+    baseline: dict[str, Any] | None
+    out: Path
+
+
+def resolve(req: Request) -> Plan:
+    """Fill the request's gaps from the baseline (scenarios, seeds, sets) and validate."""
+    from lab.run import require_root
+    if req.update_baseline:
+        if req.baseline is None:
+            raise regress.RegressError("baseline", "--update-baseline needs --baseline FILE")
+        if len(req.policies) != 1:
+            raise regress.RegressError("policy", "--update-baseline writes one policy's "
+                                       "baseline; give exactly one --policy or --policy-file")
+    baseline = (regress.load_baseline(req.baseline)
+                if req.baseline is not None and not req.update_baseline else None)
+    if baseline is not None:
+        scenarios = req.scenarios or list(baseline["scenarios"])
+        seeds = (list(baseline["seeds"]) if req.trials is None
+                 else list(range(req.first_seed, req.first_seed + req.trials)))
+    else:
+        scenarios = req.scenarios or list(regress.DEFAULT_SCENARIOS)
+        trials = regress.DEFAULT_TRIALS if req.trials is None else req.trials
+        seeds = list(range(req.first_seed, req.first_seed + trials))
+    if not seeds:
+        raise regress.RegressError("trials", "at least one trial")
+    per_scenario = {}
+    for name in scenarios:
+        stored = (baseline or {}).get("scenarios", {}).get(name)
+        if stored is not None and not req.sets:
+            # Compare like with like: the baseline's own --set values and duration.
+            sets = list(stored.get("sets") or [])
+            duration = stored.get("duration") if req.duration is None else req.duration
+        else:
+            sets, duration = list(req.sets or []), req.duration
+        per_scenario[name] = (sets, duration)
+    require_root()
+    for name, (sets, duration) in per_scenario.items():
+        regress.validate_inputs([name], req.policies, sets, duration)
+    out = req.out or Path("results") / f"regress-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Plan(req.policies, scenarios, seeds, per_scenario, baseline, out)
+
+
+def execute(req: Request, say: Callable[[str], None] = print) -> int:
+    """Run the request; 1 if any policy regressed against the baseline, else 0."""
+    plan = resolve(req)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    bar = Bar(len(plan.policies) * len(plan.scenarios) * len(plan.seeds), "regress")
+    all_runs: dict[str, list[regress.ScenarioRun]] = {}
+    with open(plan.out / "regress.log", "a") as log:
+        def to_log(msg: str) -> None:
+            log.write(msg + "\n")
+            log.flush()
+        for policy in plan.policies:
+            for name in plan.scenarios:
+                sets, duration = plan.per_scenario[name]
+                bar.show(f"{policy} {name} ...")
+                all_runs.setdefault(policy, []).append(regress.run_trials(
+                    name, policy, plan.seeds, plan.out, sets, duration, step=bar.step,
+                    log=to_log))
+    bar.close()
+    summary: dict[str, Any] = {"seeds": plan.seeds, "scenarios": plan.scenarios,
+                               "policies": {}}
+    suites: dict[str, list[regress.Row]] = {}
+    failed = False
+    for runs in all_runs.values():
+        label = runs[0].results[0]["policy"]
+        say(f"\n== {label}: {len(plan.scenarios)} scenarios x {len(plan.seeds)} trials")
+        say(regress.render_stats(runs))
+        entry: dict[str, Any] = {"stats": {r.scenario: {k: s.as_dict() for k, s in
+                                                        r.stats.items()} for r in runs}}
+        if plan.baseline is not None:
+            rows = regress.compare(plan.baseline, runs)
+            suites[label] = rows
+            say("")
+            say(regress.render_table(label, plan.baseline["policy"], rows))
+            bad = regress.regressed(rows)
+            failed = failed or bool(bad)
+            verdict = (f"REGRESSION: {len(bad)} metric(s) beyond tolerance" if bad
+                       else "no regression")
+            say(f"{label} vs baseline {plan.baseline['policy']}: {verdict}")
+            entry["comparison"] = [r.__dict__ | {"delta": r.delta} for r in rows]
+        summary["policies"][label] = entry
+        if req.update_baseline and req.baseline is not None:
+            env = runs[0].results[0]["environment"]
+            data = regress.make_baseline(runs, env)
+            req.baseline.write_text(json.dumps(data, indent=1) + "\n")
+            say(f"baseline written: {req.baseline}")
+    (plan.out / "regress.json").write_text(json.dumps(summary, indent=1, default=str))
+    if req.junit is not None:
+        regress.write_junit(req.junit, suites)
+    say(f"results: {plan.out}")
+    return 1 if failed else 0
