@@ -23,6 +23,7 @@ from lab.environment import Environment
 from lab.errors import MachineError
 from lab.links import ShapedIntf, ShapedLink
 from lab.topologies import FabricTopo, describe
+from lab.traffic import EPHEMERAL_SYSCTL, HOST_EPHEMERAL_PORTS
 
 #: Compiled BPF objects (the ECN marker), built on first use and kept across runs: they
 #: depend only on the source, and building takes a second of clang.
@@ -165,8 +166,12 @@ class Fabric:
                                      "what": f"shell {node.name}"})
         self.record.save()
         for host in self.net.hosts:
-            host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
-                     "net.ipv6.conf.default.disable_ipv6=1 net.ipv4.tcp_ecn=0")
+            ports = host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
+                             "net.ipv6.conf.default.disable_ipv6=1 net.ipv4.tcp_ecn=0 "
+                             f"{EPHEMERAL_SYSCTL}; sysctl -n net.ipv4.ip_local_port_range")
+            if ports.split() != [str(p) for p in HOST_EPHEMERAL_PORTS]:
+                raise MachineError("topology", f"{host.name}: could not move its ephemeral "
+                                   f"ports to {HOST_EPHEMERAL_PORTS}: {ports.strip()!r}")
         self.timings["build_s"] = time.monotonic() - t0
         self.net.start()
         self.controller.wait_ready()

@@ -48,6 +48,7 @@ from lab.bgp import BgpNetwork, Router, Subnet
 from lab.bgp import Host as PlanHost
 from lab.errors import MachineError, TopologyError
 from lab.links import ShapedLink
+from lab.traffic import EPHEMERAL_SYSCTL
 
 FRR_BIN = Path("/usr/lib/frr")
 VTYSH = "vtysh"
@@ -107,7 +108,7 @@ class PlannedHost(Host):
         result = super().config(**params)
         node = self.plan_node()
         self.sh("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
-                "net.ipv6.conf.default.disable_ipv6=1", f"{node.name}.sysctl")
+                f"net.ipv6.conf.default.disable_ipv6=1 {EPHEMERAL_SYSCTL}", f"{node.name}.sysctl")
         for intf in node.interfaces:
             for addr in intf.addresses:
                 self.sh(f"ip addr replace {addr} dev {intf.name}",

@@ -20,6 +20,14 @@ from lab.state import RunRecord
 PROTO_NUM = {"tcp": 6, "udp": 17}
 BASE_DPORT = 5201
 COOKIE_BASE = 0xFAB0_0000_0000_0000
+#: Source ports the lab fixes (``--cport``, stream and collective ``--sport``) come from below
+#: 61000; every lab host's own ephemeral ports are moved above that, so no connection the
+#: kernel numbers (iperf3's control connection) can hold a port a flow is about to bind,
+#: which would fail that flow with "Address already in use".
+FIXED_SPORTS = range(32768, 60999)
+HOST_EPHEMERAL_PORTS = (61000, 65535)
+EPHEMERAL_SYSCTL = ("net.ipv4.ip_local_port_range="
+                    f"'{HOST_EPHEMERAL_PORTS[0]} {HOST_EPHEMERAL_PORTS[1]}'")
 
 
 @dataclass
@@ -51,7 +59,7 @@ class FlowSpec:
 
 def pick_source_ports(count: int, rng: random.Random) -> list[int]:
     """Distinct ephemeral-range client ports, drawn from the run's seed."""
-    return rng.sample(range(32768, 60999), count)
+    return rng.sample(FIXED_SPORTS, count)
 
 
 def _iperf_server_cmd(flow: FlowSpec) -> list[str]:

@@ -43,7 +43,7 @@ from lab.paths import adjacency, attachment, path_from_counters
 from lab.progress import Ticker
 from lab.result import SCHEMA_VERSION, link_entries
 from lab.scenario import Param
-from lab.traffic import FlowSpec
+from lab.traffic import FIXED_SPORTS, FlowSpec
 
 #: dccore's interface on the fabric (its port 0): where origin streams enter the routers.
 CORE_FABRIC_INTF = f"{CORE}-eth0"
@@ -163,7 +163,7 @@ def plan(topo_desc: dict[str, Any], params: dict[str, Any],
         normal_n = 0 if early else after["normal_streams"]
         mix += [("normal", origin, cdns[(k + 1) % len(cdns)], s["normal_mbps"])
                 for k in range(normal_n)]
-        sports = rng.sample(range(32768, 60999), len(mix))
+        sports = rng.sample(FIXED_SPORTS, len(mix))
         for k, (role, src, dst, rate) in enumerate(mix):
             out.append(Stream(id=f"{phase}/{role}{k + 1}", phase=phase, role=role, src=src,
                               dst=dst, src_ip=ips[src], dst_ip=ips[dst], sport=sports[k],

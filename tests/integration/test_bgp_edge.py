@@ -29,6 +29,7 @@ import pytest
 
 from lab import frr, state
 from lab.errors import TopologyError
+from lab.traffic import HOST_EPHEMERAL_PORTS
 from tests.integration.support import REPO
 
 pytestmark = pytest.mark.skipif(not frr.installed(), reason="FRR is not installed "
@@ -226,6 +227,9 @@ def test_bgp_edge_sessions_multipath_hash_policy_and_teardown():
                                           ("isp2", "zebra bfdd bgpd")) for d in ds.split())
         assert {int(p["pid"]) for p in frr_pids} <= set(state.marked_pids(record.run_id))
         for r in rnet.routers:
+            # Fixed source ports (below 61000) never meet a port the kernel picks itself.
+            assert r.cmd("sysctl -n net.ipv4.ip_local_port_range").split() == \
+                [str(p) for p in HOST_EPHEMERAL_PORTS]
             for d in r.daemons.values():
                 assert os.readlink(f"/proc/{d['pid']}/ns/net") == \
                     os.readlink(f"/proc/{r.pid}/ns/net")
