@@ -168,3 +168,19 @@ def test_compare_two_policies(hash5_run, tmp_path):
     assert_not_blank(shot)
     assert f'data-plots="{images}"' in dom, re.search(r"<body[^>]*>", dom)
     print(f"compare: {images} plots, {len(rows)} metric rows in {made_s:.2f} s")
+
+
+def test_report_and_compare_commands(hash5_run, tmp_path):
+    """`fabriclab report DIR` regenerates; `fabriclab compare A B` prints the table too."""
+    (hash5_run / "report.html").unlink()
+    r = fabriclab("report", str(hash5_run))
+    assert r.stdout.strip() == str(hash5_run / "report.html")
+    assert (hash5_run / "report.html").is_file()
+    out = tmp_path / "c.html"
+    r = fabriclab("compare", str(hash5_run), str(hash5_run), "--out", str(out))
+    assert out.is_file() and r.stdout.strip().endswith(str(out))
+    head = r.stdout.splitlines()[0].split()
+    assert head[:3] == ["metric", "A", "(hash5)"]
+    assert any(line.startswith("imbalance ") for line in r.stdout.splitlines())
+    r = fabriclab("report", str(tmp_path / "nothing-here"), check=False)
+    assert r.returncode == 2 and r.stderr.startswith("fabriclab: error: ")
