@@ -464,17 +464,9 @@ class RouterNet:
 
 def acquire_lock(wait_s: float) -> state.LabLock:
     """The lab's lock; wait up to ``wait_s`` for another run to finish instead of failing."""
-    from lab.errors import BusyError
     lock = state.LabLock()
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            lock.acquire()
-            return lock
-        except BusyError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.2)
+    lock.acquire(wait_s)
+    return lock
 
 
 @contextlib.contextmanager

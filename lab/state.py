@@ -26,6 +26,7 @@ from lab.errors import BusyError
 
 STATE_DIR = Path(os.environ.get("FABRICLAB_STATE", "/run/fabriclab"))
 RUN_ENV = "FABRICLAB_RUN"
+LOCK_WAIT_ENV = "FABRICLAB_LOCK_WAIT"
 
 
 def records_dir() -> Path:
@@ -103,17 +104,33 @@ class LabLock:
     def __init__(self) -> None:
         self.fd: int | None = None
 
-    def acquire(self) -> None:
+    def acquire(self, wait_s: float | None = None) -> None:
+        """Take the lock; wait up to ``wait_s`` (default: ``$FABRICLAB_LOCK_WAIT`` seconds,
+        else 0) for another run to finish, so a queue of CI jobs or a class's scripts can
+        take turns instead of failing."""
+        if wait_s is None:
+            try:
+                wait_s = max(0.0, float(os.environ.get(LOCK_WAIT_ENV, "0") or 0))
+            except ValueError:
+                raise BusyError(LOCK_WAIT_ENV, "expected a number of seconds, got "
+                                f"{os.environ[LOCK_WAIT_ENV]!r}") from None
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         path = STATE_DIR / "lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise BusyError("lab", f"another FabricLab run (pid {holder}) is using the lab; "
-                            "wait for it, or stop it") from None
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise BusyError("lab", f"another FabricLab run (pid {holder}) is using the "
+                                f"lab; wait for it (or set {LOCK_WAIT_ENV}=SECONDS), or stop "
+                                "it") from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self.fd = fd
