@@ -17,7 +17,7 @@ setup(
         "matplotlib>=3.7",  # report.html's plots (lab/report.py)
         "pytest>=8",        # the `fabric` fixture users import (lab/testing.py)
     ],
-    extras_require={"dev": ["ruff>=0.6"]},
+    extras_require={"dev": ["ruff>=0.6", "hypothesis>=6.100"]},  # fuzzed input tests
     entry_points={"console_scripts": ["fabriclab = lab.cli:main"],
                   # Users' own test suites get the `fabric` fixture without any set-up.
                   "pytest11": ["fabriclab = lab.testing"]},
