@@ -5,9 +5,16 @@ Why it is built this way:
 - The topology comes from the lab's config, never from discovery: no LLDP, no flooding,
   no learning, so nothing the controller does adds traffic or timing of its own to a
   measurement.
-- Every (re)connection of a switch is a clean resync (delete every flow and group, then
-  program from scratch), so a switch that kept stale state across a controller restart or
-  a reconnect cannot silently forward by it.
+- Every (re)connection of a switch is a resync by reconciliation: the app reads back the
+  switch's flows, groups and port states, then adds what is missing, replaces what differs
+  and deletes what nobody asked for. A switch that kept stale state across a controller
+  restart cannot forward by it, and one that kept the right state keeps its entries - and
+  their counters, the lab's per-flow bytes - untouched. Counter entries and placements a
+  predecessor installed for the lab are adopted, not dropped.
+- Links fail: a port going down (OpenFlow port status) takes its link out of the routes,
+  and every switch is moved, make-before-break, to the new shortest paths. Select-group
+  buckets watch their port, so the switch next to a failure stops using it at once; the
+  reroute fixes the switches further away, which cannot see it.
 - A switch counts as programmed only after a barrier reply that follows its programming:
   OpenFlow gives no other guarantee that the switch has applied what it was sent. The lab
   starts traffic only when every switch is programmed.
@@ -26,7 +33,7 @@ from typing import Any, ClassVar
 
 from controllers import config, openflow, plan, policies, routing
 from controllers.control import ControlServer
-from controllers.plan import FlowEntry, Pin, RequestError, Watch
+from controllers.plan import FlowEntry, Pin, RequestError, SelectGroup, SwitchPlan, Watch
 from controllers.policies import FlowKey
 from controllers.runtime import (
     CONFIG_DISPATCHER,
@@ -48,6 +55,7 @@ from controllers.runtime import (
 
 LOG = logging.getLogger("fabriclab.app")
 WATCH_BARRIER_TIMEOUT_S = 10.0
+HISTORY = 200                             # link events, reroutes and resyncs kept for status
 
 
 @dataclass
@@ -59,6 +67,11 @@ class _Switch:
     state: str = "connected"              # -> "programmed" | "error"
     since: float = field(default_factory=time.monotonic)
     errors: list[str] = field(default_factory=list)
+    # What the switch said it holds, gathered from multipart replies before reconciling.
+    waiting: set[str] = field(default_factory=lambda: {"flows", "groups", "ports"})
+    seen_flows: list[FlowEntry] = field(default_factory=list)
+    seen_groups: list[SelectGroup] = field(default_factory=list)
+    seen_down: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -98,10 +111,22 @@ class FabricApp(BaseApp):
         super().__init__(*args, **kwargs)
         self.cfg = config.load_from_env()
         self.policy = policies.resolve(self.cfg.policy)(seed=self.cfg.seed)
-        topo = self.cfg.topology()
-        self.routes = routing.ecmp_routes(topo)
-        self.plans = {sw: plan.switch_plan(sw, self.routes[sw], topo["hosts"], self.policy)
-                      for sw in self.routes}
+        self.topo = self.cfg.topology()
+        self.routes = routing.ecmp_routes(self.topo)
+        # What each switch should hold (groups and forwarding; counters and pins aside), and
+        # what it was last told to hold: a reroute is the difference between the two.
+        self.plans = {sw: plan.switch_plan(sw, self.routes[sw], self.topo["hosts"],
+                                           self.policy) for sw in self.routes}
+        self._installed: dict[str, SwitchPlan] = {}
+        self.link_of_port = {}
+        for i, lk in enumerate(self.cfg.links):
+            self.link_of_port[(lk.a, lk.a_port)] = i
+            self.link_of_port[(lk.b, lk.b_port)] = i
+        self._ports_down: set[tuple[str, int]] = set()
+        self._down_links: frozenset[int] = frozenset()
+        self._link_events: list[dict[str, Any]] = []
+        self._reroutes: list[dict[str, Any]] = []
+        self._resyncs: list[dict[str, Any]] = []
         self.by_dpid = self.cfg.switch_by_dpid()
         self.host_by_ip = {h.ip: h for h in self.cfg.hosts}
         self.gateway_by_mac = {h.mac: h for h in self.cfg.hosts if h.gateway}
@@ -164,28 +189,206 @@ class FabricApp(BaseApp):
             LOG.warning("switch with dpid %#x at %s is not in the config; not programming it",
                         ev.msg.datapath_id, dp.address)
             return
-        sw_plan = self.plans[name]
         with self._lock:
             old = self._switches.get(name)
-            sw = _Switch(name, dp)
-            self._switches[name] = sw
-            watches = list(self._watched.values())
-            pins = [p for p in self._pinned.values() if p.switch == name]
-            for msg in openflow.delete_everything(dp):
-                dp.send_msg(msg)
-            dp.send_msg(openflow.barrier(dp))  # deletions done before anything is added
-            for group in sw_plan.groups:
-                dp.send_msg(openflow.add_group(dp, group))
-            for entry in sw_plan.flows:
-                dp.send_msg(openflow.add_flow(dp, entry))
-            for watch in watches:
-                dp.send_msg(openflow.add_flow(dp, plan.watch_entry(watch)))
-            for pin in pins:
-                dp.send_msg(openflow.add_flow(dp, plan.pin_entry(pin)))
-            self._send_barrier(sw, lambda ok, why: self._programmed(sw, ok, why))
-        LOG.info("%s (dpid %#x) %s: programming %d groups, %d entries, %d watch entries",
-                 name, ev.msg.datapath_id, "reconnected" if old else "connected",
-                 len(sw_plan.groups), len(sw_plan.flows), len(watches))
+            self._switches[name] = _Switch(name, dp)
+            # Read back what the switch holds; _reconcile runs when all three replies are in.
+            dp.send_msg(openflow.flow_stats_request(dp))
+            dp.send_msg(openflow.group_desc_request(dp))
+            dp.send_msg(openflow.port_desc_request(dp))
+        LOG.info("%s (dpid %#x) %s: reading back its flows, groups and ports", name,
+                 ev.msg.datapath_id, "reconnected" if old else "connected")
+
+    def _reply_part(self, dp: Any, part: str, add: Callable[[_Switch], None],
+                    more: bool) -> None:
+        """One part of a read-back reply; the last one of all three reconciles the switch."""
+        with self._lock:
+            sw = self._current(dp)
+            if sw is None or part not in sw.waiting:
+                return
+            add(sw)
+            if more:
+                return
+            sw.waiting.discard(part)
+            if not sw.waiting:
+                self._reconcile(sw)
+
+    @set_ev_cls(ofp_event.EventOFPFlowStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def _flow_stats(self, ev: Any) -> None:
+        ofp = ev.msg.datapath.ofproto
+        self._reply_part(ev.msg.datapath, "flows", lambda sw: sw.seen_flows.extend(
+            openflow.entry_of_stats(ofp, st) for st in ev.msg.body), openflow.more_parts(ev.msg))
+
+    @set_ev_cls(ofp_event.EventOFPGroupDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def _group_desc(self, ev: Any) -> None:
+        ofp = ev.msg.datapath.ofproto
+        self._reply_part(ev.msg.datapath, "groups", lambda sw: sw.seen_groups.extend(
+            openflow.group_of_desc(ofp, g) for g in ev.msg.body), openflow.more_parts(ev.msg))
+
+    @set_ev_cls(ofp_event.EventOFPPortDescStatsReply, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def _port_desc(self, ev: Any) -> None:
+        ofp = ev.msg.datapath.ofproto
+        self._reply_part(ev.msg.datapath, "ports", lambda sw: sw.seen_down.update(
+            p.port_no for p in ev.msg.body if openflow.port_is_down(ofp, p)),
+            openflow.more_parts(ev.msg))
+
+    def _reconcile(self, sw: _Switch) -> None:
+        """Bring a (re)connected switch to its plan from what it holds (lock held)."""
+        name = sw.name
+        ports = {(s, p) for s, p in self._ports_down if s != name}
+        ports |= {(name, p) for p in sw.seen_down if (name, p) in self.link_of_port}
+        self._set_ports_down(ports, f"{name} connected", reconciling=name)
+        adopted = self._adopt(name, sw.seen_flows)
+        installed = SwitchPlan(tuple(sw.seen_groups), tuple(sw.seen_flows))
+        wanted = plan.renumber_groups(sw.seen_groups, plan.switch_plan(
+            name, self.routes[name], self.topo["hosts"], self.policy))
+        self.plans[name] = wanted
+        extra = [plan.watch_entry(w) for w in self._watched.values()]
+        extra += [plan.pin_entry(p) for p in self._pinned.values() if p.switch == name]
+        extra += [e for e in sw.seen_flows if self._still_valid_decision(name, e)]
+        changes = plan.plan_changes(installed, SwitchPlan(wanted.groups,
+                                                          wanted.flows + tuple(extra)))
+        self._send_changes(sw, changes, {g.group_id for g in sw.seen_groups})
+        self._installed[name] = wanted
+        kept = len(sw.seen_flows) - len(changes.flows_delete) - sum(
+            1 for e in changes.flows_add
+            if plan.entry_key(e) in {plan.entry_key(x) for x in sw.seen_flows})
+        self._remember(self._resyncs, {"t": time.time(), "switch": name, "found": len(
+            sw.seen_flows), "kept": kept, "adopted": adopted, **changes.counts()})
+        self._send_barrier(sw, lambda ok, why: self._programmed(sw, ok, why))
+        LOG.info("%s: %d entries found, %d kept, %s, adopted %s", name, len(sw.seen_flows),
+                 kept, changes.counts(), adopted)
+
+    def _adopt(self, name: str, found: list[FlowEntry]) -> dict[str, int]:
+        """Counters and placements the lab asked a predecessor for: the switch remembers."""
+        watches = pins = 0
+        for e in found:
+            w = plan.watch_of(e)
+            if w is not None and w.cookie not in self._watched:
+                self._watched[w.cookie] = w
+                watches += 1
+            key = plan.key_of_match(e.match)
+            if (e.table == plan.TABLE_FORWARD and e.priority == plan.PRIO_PIN and key
+                    and e.action.kind == "output" and e.action.arg in self.ports_of[name]
+                    and (name, key) not in self._pinned):
+                self._pinned[(name, key)] = Pin(name, key, e.action.arg)
+                pins += 1
+        return {"watches": watches, "pins": pins}
+
+    def _still_valid_decision(self, name: str, entry: FlowEntry) -> bool:
+        """A per-flow decision found in the switch that still leads to its destination."""
+        if entry.table != plan.TABLE_FORWARD or entry.priority != plan.PRIO_FLOW \
+                or entry.action.kind != "output":
+            return False
+        key = plan.key_of_match(entry.match)
+        host = self.host_by_ip.get(key.dst) if key else None
+        return host is not None and entry.action.arg in self.routes[name].get(host.name, [])
+
+    def _send_changes(self, sw: _Switch, changes: plan.PlanChanges,
+                      existing_groups: set[int]) -> None:
+        """Make before break (see ``plan.PlanChanges``); the caller sends the barrier."""
+        dp = sw.dp
+        for g in changes.groups_add:
+            dp.send_msg(openflow.add_group(dp, g, modify=g.group_id in existing_groups))
+        for e in changes.flows_add:
+            dp.send_msg(openflow.add_flow(dp, e))
+        for e in changes.flows_delete:
+            dp.send_msg(openflow.delete_flow_strict(dp, e))
+        for g in changes.groups_delete:
+            dp.send_msg(openflow.delete_group(dp, g))
+
+    # -- link failures: port status, reroute ------------------------------------------------
+    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
+    def _port_status(self, ev: Any) -> None:
+        msg = ev.msg
+        name = self.by_dpid.get(msg.datapath.id)
+        port = msg.desc.port_no
+        down = openflow.port_is_down(msg.datapath.ofproto, msg.desc)
+        with self._lock:
+            if name is None or (name, port) not in self.link_of_port:
+                return                        # a host's port: no other way to reach it
+            if ((name, port) in self._ports_down) == down:
+                return
+            self._remember(self._link_events, {"t": time.time(), "switch": name,
+                                               "port": port, "up": not down})
+            ports = set(self._ports_down)
+            (ports.add if down else ports.discard)((name, port))
+            self._set_ports_down(ports, f"{name} port {port} {'down' if down else 'up'}")
+
+    def _set_ports_down(self, ports: set[tuple[str, int]], why: str,
+                        reconciling: str | None = None) -> None:
+        """Record which fabric ports are down; reroute if that changes a link (lock held).
+
+        A link is out when either end is down: a veth whose peer is down carries nothing.
+        """
+        self._ports_down = ports
+        links = frozenset(self.link_of_port[p] for p in ports)
+        if links == self._down_links:
+            return
+        t_event = time.time()
+        self._down_links = links
+        old_routes = self.routes
+        self.routes = routing.ecmp_routes(plan.topology_without(self.topo, set(links)))
+        # Switches still reading back reconcile against the new routes when they are done.
+        targets = [sw for sw in self._switches.values()
+                   if not sw.waiting and sw.name != reconciling]
+        record: dict[str, Any] = {"t_event": t_event, "why": why,
+                                  "down_links": self.down_link_names(),
+                                  "switches": len(targets), "confirmed": 0, "t_done": None}
+        self._remember(self._reroutes, record)
+        total: dict[str, int] = {}
+        n = len(targets)
+        for sw in targets:
+            for k, v in self._reroute_switch(sw, old_routes).items():
+                total[k] = total.get(k, 0) + v
+            self._send_barrier(sw, lambda ok, why, r=record: self._rerouted(r, n, ok, why))
+        record["changes"] = total
+        if not targets:
+            record["t_done"] = time.time()
+        LOG.warning("reroute (%s): links down %s; %s", why, record["down_links"], total)
+
+    def _reroute_switch(self, sw: _Switch, old_routes: routing.Routes) -> dict[str, int]:
+        name = sw.name
+        installed = self._installed[name]
+        wanted = plan.renumber_groups(installed.groups, plan.switch_plan(
+            name, self.routes[name], self.topo["hosts"], self.policy))
+        changes = plan.plan_changes(installed, wanted)
+        self._send_changes(sw, changes, {g.group_id for g in installed.groups})
+        self.plans[name] = self._installed[name] = wanted
+        # Per-flow decisions and placements through a port that no longer leads to their
+        # destination: deleted (a flow policy decides again on the flow's next packet).
+        stale = 0
+        for host in self.topo["hosts"]:
+            lost = set(old_routes[name].get(host["name"], [])) - \
+                set(self.routes[name].get(host["name"], []))
+            for port in sorted(lost):
+                sw.dp.send_msg(openflow.delete_by_out_port(
+                    sw.dp, plan.TABLE_FORWARD, {"eth_type": plan.ETH_TYPE_IPV4,
+                                                "ipv4_dst": host["ip"]}, port))
+                stale += 1
+            if lost:
+                for key, pin in list(self._pinned.items()):
+                    if pin.switch == name and pin.key.dst == host["ip"] and pin.port in lost:
+                        del self._pinned[key]
+        return {**changes.counts(), "stale_decision_sweeps": stale}
+
+    def _rerouted(self, record: dict[str, Any], expected: int, ok: bool, why: str) -> None:
+        with self._lock:
+            record["confirmed"] += 1
+            if not ok:
+                record.setdefault("errors", []).append(why)
+            if record["confirmed"] == expected:
+                record["t_done"] = time.time()
+                LOG.warning("reroute confirmed by %d switches in %.0f ms", expected,
+                            (record["t_done"] - record["t_event"]) * 1000)
+
+    def down_link_names(self) -> list[str]:
+        return sorted(f"{self.cfg.links[i].a}-{self.cfg.links[i].b}" for i in self._down_links)
+
+    @staticmethod
+    def _remember(history: list[dict[str, Any]], item: dict[str, Any]) -> None:
+        history.append(item)
+        del history[:-HISTORY]
 
     def _programmed(self, sw: _Switch, ok: bool, why: str) -> None:
         with self._lock:
@@ -322,12 +525,16 @@ class FabricApp(BaseApp):
             errors = {name: sw.errors[-1] for name, sw in self._switches.items() if sw.errors}
             decisions, watched = self._decisions, len(self._watched)
             port_samples = self._port_samples
+            down = self.down_link_names()
+            history = {"link_events": [dict(e) for e in self._link_events],
+                       "reroutes": [dict(r) for r in self._reroutes],
+                       "resyncs": [dict(r) for r in self._resyncs]}
         switches = {s.name: states.get(s.name, "absent") for s in self.cfg.switches}
         return {"ok": True, "runtime": RUNTIME_NAME, "runtime_version": RUNTIME_VERSION,
                 "policy": self.policy.name, "seed": self.cfg.seed, "switches": switches,
                 "ready": all(v == "programmed" for v in switches.values()),
                 "errors": errors, "watched": watched, "decisions": decisions,
-                "port_samples": port_samples}
+                "port_samples": port_samples, "down_links": down, **history}
 
     def watch(self, flows: Any) -> dict[str, Any]:
         """Per-flow counters on every connected switch; replies after all their barriers."""

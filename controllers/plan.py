@@ -258,3 +258,104 @@ def parse_pin(obj: Any, ports_of: Mapping[str, set[int]], where: str = "flows[0]
         raise RequestError(f"{where}.port: {switch} has no port {port} "
                            f"(ports: {sorted(ports_of[switch])})")
     return Pin(switch, _req_key(obj, where), port)
+
+
+# -- changing a programmed switch: reroutes and reconciliation ------------------------------
+
+@dataclass(frozen=True)
+class PlanChanges:
+    """What turns a switch's tables from one state into another, in a safe order.
+
+    Make before break: new groups first, then new or changed entries (an OpenFlow ADD of an
+    entry with the same table, priority and match replaces it in one step), then the entries
+    nobody wants any more, then the groups nothing points to. A packet therefore always meets
+    either the old or the new forwarding, never a gap.
+    """
+
+    groups_add: tuple[SelectGroup, ...] = ()
+    flows_add: tuple[FlowEntry, ...] = ()
+    flows_delete: tuple[FlowEntry, ...] = ()
+    groups_delete: tuple[SelectGroup, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.groups_add or self.flows_add or self.flows_delete or self.groups_delete)
+
+    def counts(self) -> dict[str, int]:
+        return {"groups_added": len(self.groups_add), "entries_added": len(self.flows_add),
+                "entries_deleted": len(self.flows_delete),
+                "groups_deleted": len(self.groups_delete)}
+
+
+def entry_key(entry: FlowEntry) -> tuple[int, int, frozenset[tuple[str, int | str]]]:
+    """What identifies an entry in a switch: table, priority and match (order-free)."""
+    return entry.table, entry.priority, frozenset(entry.match)
+
+
+def renumber_groups(installed: Sequence[SelectGroup], wanted: SwitchPlan) -> SwitchPlan:
+    """``wanted`` with group ids that never give an installed id a new meaning.
+
+    A port set already installed keeps its id; a new one gets an id above every installed
+    one. So rerouting (or a new controller reconciling a switch its predecessor rerouted)
+    adds groups and moves entries to them, and never changes what an id in use selects.
+    """
+    have = {g.ports: g.group_id for g in installed}
+    next_id = max((g.group_id for g in installed), default=0) + 1
+    remap: dict[int, int] = {}
+    groups = []
+    for g in wanted.groups:
+        gid = have.get(g.ports)
+        if gid is None:
+            gid, next_id = next_id, next_id + 1
+        remap[g.group_id] = gid
+        groups.append(SelectGroup(gid, g.ports))
+    flows = tuple(FlowEntry(e.table, e.priority, e.match, Action("group", remap[e.action.arg]),
+                            e.cookie, e.idle_timeout) if e.action.kind == "group" else e
+                  for e in wanted.flows)
+    return SwitchPlan(tuple(groups), flows)
+
+
+def plan_changes(installed: SwitchPlan, wanted: SwitchPlan) -> PlanChanges:
+    """The changes from what a switch holds to what it should hold (see ``PlanChanges``)."""
+    have = {entry_key(e): e for e in installed.flows}
+    want = {entry_key(e): e for e in wanted.flows}
+    have_groups = {g.group_id: g for g in installed.groups}
+    want_ids = {g.group_id for g in wanted.groups}
+    return PlanChanges(
+        groups_add=tuple(g for g in wanted.groups if have_groups.get(g.group_id) != g),
+        flows_add=tuple(e for k, e in want.items() if not _same(have.get(k), e)),
+        flows_delete=tuple(e for k, e in have.items() if k not in want),
+        groups_delete=tuple(g for g in installed.groups if g.group_id not in want_ids))
+
+
+def _same(a: FlowEntry | None, b: FlowEntry) -> bool:
+    """Equal as a switch sees it: the match's field order is not part of an entry."""
+    return a is not None and entry_key(a) == entry_key(b) and \
+        (a.action, a.cookie, a.idle_timeout) == (b.action, b.cookie, b.idle_timeout)
+
+
+def topology_without(topo: Mapping[str, Any], down: set[int]) -> dict[str, Any]:
+    """The topology with the switch links numbered in ``down`` taken out."""
+    return {**topo, "links": [lk for i, lk in enumerate(topo["links"]) if i not in down]}
+
+
+def watch_of(entry: FlowEntry) -> Watch | None:
+    """A per-flow counter entry found in a switch, as the lab's watch it stands for."""
+    if entry.table != TABLE_WATCH or entry.priority != PRIO_WATCH or not entry.cookie:
+        return None
+    key = key_of_match(entry.match)
+    return None if key is None else Watch(entry.cookie, key)
+
+
+def key_of_match(match: MatchFields) -> FlowKey | None:
+    """The 5-tuple an exact ``flow_match`` stands for (None for any other match)."""
+    m = dict(match)
+    try:
+        proto = int(m["ip_proto"])
+        l4 = _L4_FIELDS.get(proto)
+        sport = int(m[l4[0]]) if l4 else 0
+        dport = int(m[l4[1]]) if l4 else 0
+        key = FlowKey(str(m["ipv4_src"]), str(m["ipv4_dst"]), proto, sport, dport)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return key if set(flow_match(key)) == set(match) else None
