@@ -110,6 +110,18 @@ class Controller:
         raise MachineError("controller", f"switches not programmed after {timeout:g} s: "
                            f"{status.get('switches')}")
 
+    def kill(self) -> None:
+        """SIGKILL, by PID: a controller crash, as a fault to survive (``lab.faults``)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> None:
+        """A new controller process on the same OpenFlow port and control socket: the
+        switches, fail-secure meanwhile, reconnect to it and it reconciles them."""
+        self.kill()
+        self.start()
+
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
