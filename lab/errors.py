@@ -6,6 +6,10 @@ before anything is started (or after removing whatever had been started).
 
 from __future__ import annotations
 
+#: Characters ``str.splitlines`` breaks at, each with the escape that shows it instead: a
+#: key, value or file name the user typed may hold one, and the error must stay one line.
+_LINE_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"})
+
 
 class LabError(Exception):
     """Bad input or an unusable environment, reported to the user as one clear line."""
@@ -13,9 +17,9 @@ class LabError(Exception):
     exit_status = 2
 
     def __init__(self, field: str, message: str) -> None:
-        self.field = field
-        self.message = message
-        super().__init__(f"{field}: {message}" if field else message)
+        self.field = str(field).translate(_LINE_BREAKS)
+        self.message = str(message).translate(_LINE_BREAKS)
+        super().__init__(f"{self.field}: {self.message}" if self.field else self.message)
 
 
 class TopologyError(LabError):

@@ -89,10 +89,26 @@ def policy_names(wanted: str) -> list[str]:
     return [wanted]
 
 
-def make_plans(name: str, policy: str | None = None, sets: list[str] | None = None,
-               duration: float | None = None, seed: int | None = None,
-               runtime: str | None = None) -> list[Plan]:
-    """Validate everything and return one plan per policy to run."""
+@dataclass
+class CheckedInput:
+    """A scenario with every ``--set`` and override applied and checked; no machine yet."""
+
+    scenario: scenario.Scenario
+    kind: Any
+    params: dict[str, Any]
+    topo_desc: dict[str, Any]
+    flows: list[Any]
+    policies: list[str]
+
+
+def check_input(name: str, policy: str | None = None, sets: list[str] | None = None,
+                duration: float | None = None, seed: int | None = None) -> CheckedInput:
+    """Every check of the user's input that needs neither root nor the machine.
+
+    Kept apart from ``make_plans`` so bad input is refused (one ``LabError`` naming its
+    field) before the machine is looked at, and so it can be tested, fuzzed included,
+    without root or emulation.
+    """
     sc = scenario.load(name)
     kind = kinds.get(sc.kind)
     params = scenario.apply_sets(sc.params, scenario.parse_set(sets or []), kind.SCHEMA)
@@ -108,16 +124,25 @@ def make_plans(name: str, policy: str | None = None, sets: list[str] | None = No
     if params["policy"] != "all":
         policy_names(str(params["policy"]))
     scenario.validate(params, kind.SCHEMA)
-    topo = make_topology(params.get("topology", {}))
-    topo_desc = describe(topo)
+    topo_desc = describe(make_topology(params.get("topology", {})))
+    flows = kind.plan(topo_desc, params, random.Random(params["seed"]))
+    return CheckedInput(sc, kind, params, topo_desc, flows,
+                        policy_names(str(params["policy"])))
+
+
+def make_plans(name: str, policy: str | None = None, sets: list[str] | None = None,
+               duration: float | None = None, seed: int | None = None,
+               runtime: str | None = None) -> list[Plan]:
+    """Validate everything and return one plan per policy to run."""
+    given = check_input(name, policy, sets, duration, seed)
     require_root()
     env = environment.detect(runtime)
     if env.datapath == "user" and not env.userspace_tso:
         raise MachineError("ovs", "; ".join(env.notes) or "userspace TSO is off")
     chosen = environment.pick_runtime(env.runtimes, runtime)
-    flows = kind.plan(topo_desc, params, random.Random(params["seed"]))
-    return [Plan(sc, kind, params, p, topo_desc, flows, env, chosen)
-            for p in policy_names(str(params["policy"]))]
+    return [Plan(given.scenario, given.kind, given.params, p, given.topo_desc, given.flows,
+                 env, chosen)
+            for p in given.policies]
 
 
 @contextmanager

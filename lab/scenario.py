@@ -9,6 +9,7 @@ keys are dotted paths (``traffic.flows=16``) or a bare leaf name when that is un
 from __future__ import annotations
 
 import copy
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,14 @@ import yaml
 from lab.errors import ScenarioError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+#: How deep a scenario file or a ``--set`` value may nest, and how many values it may hold:
+#: real scenarios nest 4 deep (``phases.<name>.job.steps``) and hold a few dozen values.
+#: The limits turn a YAML alias that contains itself, or a "billion laughs" of aliases,
+#: into one clear error instead of a RecursionError or a hang.
+MAX_NESTING = 16
+MAX_VALUES = 10_000
 
 
 def scenarios_dir() -> Path:
@@ -39,10 +48,12 @@ class Param:
             value = float(value)
         if (isinstance(value, bool) and self.type is not bool) or not isinstance(value, self.type):
             raise ScenarioError(key, f"expected {self.type.__name__}, got {value!r}")
+        if isinstance(value, float) and math.isnan(value):   # NaN passes every comparison
+            raise ScenarioError(key, f"expected a number, got {value!r}")
         if self.choices and value not in self.choices:
             raise ScenarioError(key, f"{value!r} is not one of {', '.join(self.choices)}")
         if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
-            raise ScenarioError(key, f"{value} is out of range ({self.lo:g}..{self.hi:g})")
+            raise ScenarioError(key, f"{value} is out of range ({self.lo}..{self.hi})")
         return value
 
 
@@ -78,25 +89,62 @@ def list_scenarios() -> list[Scenario]:
 def load(name: str) -> Scenario:
     """A scenario by name (a folder under scenarios/) or by path to a YAML file."""
     path = Path(name)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
+    if path.suffix in (".yaml", ".yml") and _is_file(path):
         return load_file(path)
     candidate = scenarios_dir() / name / "scenario.yaml"
-    if not candidate.is_file():
+    if not _is_file(candidate):
         known = ", ".join(s.name for s in list_scenarios()) or "none"
         raise ScenarioError("scenario", f"unknown scenario {name!r} (known: {known})")
     return load_file(candidate)
+
+
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False where the name cannot be a file (too long, a NUL byte)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def check_nesting(value: Any, field: str, where: str = "") -> None:
+    """Refuse values nested deeper than MAX_NESTING or holding more than MAX_VALUES.
+
+    Walked without recursion, so that a self-containing alias ends here as a ScenarioError
+    naming ``field`` rather than as a RecursionError wherever the value is next walked.
+    """
+    todo, seen = [(value, 0)], 0
+    while todo:
+        node, depth = todo.pop()
+        seen += 1
+        if depth > MAX_NESTING or seen > MAX_VALUES:
+            raise ScenarioError(field, f"{where}nested more than {MAX_NESTING} deep or more than "
+                                f"{MAX_VALUES} values (a YAML alias inside itself?)")
+        if isinstance(node, dict):
+            todo += [(v, depth + 1) for v in node.values()]
+        elif isinstance(node, list):
+            todo += [(v, depth + 1) for v in node]
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong with the YAML and where, on one line."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"malformed YAML{where}: {problem}"
 
 
 def load_file(path: Path) -> Scenario:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ScenarioError("scenario", f"{path}: malformed YAML{where}: "
-                            f"{getattr(exc, 'problem', exc)}") from None
+        raise ScenarioError("scenario", f"{path}: {_yaml_problem(exc)}") from None
+    except RecursionError:
+        raise ScenarioError("scenario", f"{path}: nested too deep to read") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError("scenario", f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise ScenarioError("scenario", f"{path}: {exc.strerror}") from None
+    check_nesting(data, "scenario", f"{path}: ")
     if not isinstance(data, dict):
         raise ScenarioError("scenario", f"{path}: expected a mapping at the top level")
     for key in ("name", "kind"):
@@ -120,15 +168,28 @@ def parse_set(items: list[str]) -> list[tuple[str, Any]]:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
+        except RecursionError:
+            raise ScenarioError(key, "value nested too deep to read") from None
+        check_nesting(value, key)
         out.append((key, value))
     return out
 
 
-def _leaf_keys(params: dict[str, Any], prefix: str = "") -> list[str]:
+def _leaf_keys(params: dict[str, Any], prefix: str = "",
+               empty_sections: bool = False) -> list[str]:
+    """Dotted keys of every value; with ``empty_sections``, of every empty mapping too."""
     keys = []
     for k, v in params.items():
         full = f"{prefix}{k}"
-        keys += _leaf_keys(v, full + ".") if isinstance(v, dict) else [full]
+        if not str(k).strip():
+            raise ScenarioError(f"{prefix}{k!r}", "an empty key")
+        if "." in str(k):
+            raise ScenarioError(full, "a key may not contain '.': dots separate sections "
+                                "(write it as nested mappings)")
+        if isinstance(v, dict) and v:
+            keys += _leaf_keys(v, full + ".", empty_sections)
+        elif not isinstance(v, dict) or empty_sections:
+            keys.append(full)
     return keys
 
 
@@ -177,16 +238,29 @@ def schema_key(key: str) -> str:
 def validate(params: dict[str, Any], schema: dict[str, Param]) -> dict[str, Any]:
     """Check every non-topology value against the schema; unknown keys are errors."""
     full_schema = {**COMMON_SCHEMA, **schema}
-    for key in _leaf_keys(params):
+    if "topology" in params and not isinstance(params["topology"], dict):
+        raise ScenarioError("topology", "expected a mapping")
+    # Empty mappings too: ``{}`` where a value belongs must not slip past as "no values".
+    for key in _leaf_keys(params, empty_sections=True):
         if key.startswith("topology."):
             continue
-        if schema_key(key) not in full_schema:
-            raise ScenarioError(key, f"unknown key (known: {', '.join(sorted(full_schema))})")
         node = params
         parts = key.split(".")
         for part in parts[:-1]:
             node = node[part]
+        if schema_key(key) not in full_schema:
+            if node[parts[-1]] == {}:
+                continue                   # an empty section: a phase with no overrides
+            raise ScenarioError(key, f"unknown key (known: {', '.join(sorted(full_schema))})")
         node[parts[-1]] = full_schema[schema_key(key)].check(key, node[parts[-1]])
-    if "topology" in params and not isinstance(params["topology"], dict):
-        raise ScenarioError("topology", "expected a mapping")
     return params
+
+
+def require(params: dict[str, Any], keys: list[str], kind: str) -> None:
+    """Refuse a scenario that lacks a value ``kind`` has no default for, naming the key."""
+    for key in keys:
+        node: Any = params
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise ScenarioError(key, f"missing: the {kind} kind needs it")
+            node = node[part]

@@ -150,8 +150,11 @@ def load_file(spec: str) -> type[HashPolicy]:
     path_text, class_name = spec, ""
     if not spec.endswith(".py"):
         path_text, _, class_name = spec.rpartition(":")
-    path = Path(path_text).expanduser().resolve()
     where = f"policy-file: {path_text}"
+    try:
+        path = Path(path_text).expanduser().resolve()
+    except (RuntimeError, ValueError) as exc:   # ~nosuchuser/, a NUL byte in the name
+        raise PolicyFileError(f"{where}: not a usable file name: {exc}") from None
     module = _load_module(path, where)
     mod_name = module.__name__
     found = [cls for _, cls in inspect.getmembers(module, inspect.isclass)

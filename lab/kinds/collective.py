@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lab.errors import ScenarioError
-from lab.kinds.ecmp import edge_switches, hosts_of
+from lab.kinds.ecmp import check_fabric, edge_switches, hosts_of
 from lab.scenario import Param
 from lab.traffic import FlowSpec
 
@@ -165,7 +165,7 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
                             f"not exist in a job of {n} workers")
     hosts = {h["name"] for h in topo_desc["hosts"]}
     for h in pp["storage"]["hosts"]:
-        if h not in hosts:
+        if not isinstance(h, str) or h not in hosts:
             raise ScenarioError(f("storage.hosts"), f"no host {h!r} in the topology")
     if pp["storage"]["mode"] != "off" and not pp["storage"]["hosts"]:
         raise ScenarioError(f("storage.hosts"), "storage traffic needs at least one host")
@@ -181,7 +181,7 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
                             "leafspine topologies")
     ports = fabric_port_names(topo_desc)
     for p in pp["ecn"]["ports"]:
-        if p not in ports:
+        if not isinstance(p, str) or p not in ports:
             raise ScenarioError(f("ecn.ports"), f"no switch port {p!r} in this topology "
                                 f"(ports are named like {sorted(ports)[0]})")
     thresholds = ("k_bytes", "kmin_bytes", "kmax_bytes", "pmax")
@@ -199,6 +199,7 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
 
 
 def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    check_fabric(topo_desc, "collective")
     phases = phase_params(params)
     raw = params.get("phases") or {}
     for name, pp in phases.items():

@@ -10,9 +10,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from lab import faults, predict
 from lab import metrics as m
-from lab import predict
-from lab.scenario import Param
+from lab.errors import ScenarioError
+from lab.scenario import Param, require
 from lab.traffic import BASE_DPORT, FlowSpec, pick_source_ports
 
 SCHEMA: dict[str, Param] = {
@@ -21,6 +22,7 @@ SCHEMA: dict[str, Param] = {
     "traffic.load": Param(float, 0.01, 2.0),
     "traffic.pairs": Param(int, 0, 4096),
     "traffic.cc": Param(str, choices=("cubic", "reno", "bbr")),
+    "faults": Param(list),             # lab.faults: links down, a switch dark, controller kill
 }
 
 
@@ -46,8 +48,25 @@ def uplink_capacity_bps(topo_desc: dict, switch: str) -> float:
                if link["a"] == switch and link["b"] not in hosts)
 
 
+#: The values an ecmp scenario must give: there is no sensible default for them.
+REQUIRED = ["traffic.flows", "traffic.proto", "traffic.load"]
+
+
+def check_fabric(topo_desc: dict, kind: str, min_edges: int = 1) -> None:
+    """Refuse a topology the kind cannot use: it places traffic on edge switches' hosts."""
+    if topo_desc["type"] not in ("leafspine", "fattree"):
+        raise ScenarioError("topology.type", f"the {kind} kind runs on leafspine or fattree "
+                            f"topologies, not {topo_desc['type']}")
+    if len(edge_switches(topo_desc)) < min_edges:
+        raise ScenarioError("topology.leaves", f"the {kind} kind needs at least {min_edges} "
+                            "leaves")
+
+
 def plan(topo_desc: dict, params: dict[str, Any], rng: random.Random) -> list[FlowSpec]:
     """Flows from the hosts of the first edge switch to the hosts of the last one."""
+    require(params, REQUIRED, "ecmp")
+    check_fabric(topo_desc, "ecmp", min_edges=2)     # flows cross from one leaf to another
+    faults.parse(params.get("faults"), topo_desc, float(params.get("duration", 600)))
     t = params["traffic"]
     edges = edge_switches(topo_desc)
     src_sw, dst_sw = edges[0], edges[-1]
@@ -150,6 +169,21 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
                               f"(shortfall {mt['goodput_shortfall'] * 100:.1f}%)"),
         ("retransmits", str(mt["retransmits"])),
     ]
+    fs = mt.get("faults")
+    if fs:
+        react = "" if not fs["link_changes"] else "; controller rerouted within " + (
+            "never" if fs["reroute_max_s"] is None else f"{fs['reroute_max_s']:.3f} s (max)")
+        rows += [("faults", f"{fs['faults']} ({fs['link_changes']} link changes){react}"),
+                 ("outage per flow", f"mean {fs['outage_mean_s']:.2f} s, max "
+                                     f"{fs['outage_max_s']:.2f} s"),
+                 ("flows black-holed", ", ".join(fs["flows_black_holed"]) or "none")]
+    for c in result.get("faults", {}).get("controller_restarts", []):
+        rows.append(("controller resync", f"{c['entries_before']} entries before the kill, "
+                     f"{c['entries_after']} after: {c['lost']} lost, {c['new']} new, "
+                     f"{c['duplicated']} duplicated, {c['counters_reset']} of "
+                     f"{c['watch_counters']} counters reset"))
+        rows.append(("while it was away", f"{c['goodput_while_down_bps'] / 1e6:.1f} Mbit/s "
+                     f"delivered (before: {c['goodput_before_bps'] / 1e6:.1f})"))
     for tier, u in mt.get("upward_links_used", {}).items():
         rows.append((f"{tier} links used", f"{len(u['used'])} of {u['of']}"))
     if "predicted" in mt:

@@ -42,7 +42,7 @@ from lab.errors import MachineError, ScenarioError
 from lab.paths import adjacency, attachment, path_from_counters
 from lab.progress import Ticker
 from lab.result import SCHEMA_VERSION, link_entries
-from lab.scenario import Param
+from lab.scenario import Param, require
 from lab.traffic import FIXED_SPORTS, FlowSpec
 
 #: dccore's interface on the fabric (its port 0): where origin streams enter the routers.
@@ -114,6 +114,9 @@ def phase_names(params: dict[str, Any]) -> list[str]:
     if wanted == "all":
         return list(PHASES)
     names = [p.strip() for p in wanted.split(",") if p.strip()]
+    if not names:
+        raise ScenarioError("phases", f"names no phase (give all, or some of: "
+                            f"{', '.join(PHASES)})")
     for n in names:
         if n not in PHASES:
             raise ScenarioError("phases", f"unknown phase {n!r} (known: {', '.join(PHASES)})")
@@ -125,6 +128,8 @@ def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> None:
     tp = topo_desc["params"]
     if topo_desc["type"] != "streaming-edge":
         raise ScenarioError("topology.type", "the streaming kind needs a streaming-edge topology")
+    # Every value but ``phases`` (default: all) is used and has no default.
+    require(params, [k for k in SCHEMA if k != "phases"], "streaming")
     for key in ("before.servers", "after.servers"):
         sec, leaf = key.split(".")
         if params[sec][leaf] > tp["servers"]:
