@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from controllers import policies
-from lab import diagnose, environment, kinds, scenario, state, telemetry
+from lab import diagnose, environment, faults, kinds, scenario, state, telemetry
 from lab.errors import MachineError, ScenarioError
 from lab.fabric import Fabric
 from lab.progress import Ticker
@@ -245,26 +245,36 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
     duration = float(plan.params["duration"])
     watch = [e for i, f in enumerate(plan.flows) for e in f.watch_entries(i)]
     fabric.controller.request({"cmd": "watch", "flows": watch})
-    runner = FlowRunner(fabric, plan.flows, fabric.run_dir, fabric.record)
+    planned_faults = faults.parse(plan.params.get("faults"), plan.topo_desc, duration)
+    runner = FlowRunner(fabric, plan.flows, fabric.run_dir, fabric.record,
+                        interval_s=faults.INTERVAL_S if planned_faults else None)
     ports = telemetry.fabric_ports(plan.topo_desc)
     sampler = telemetry.Sampler(ports, hz=SAMPLE_HZ)
     bridges = [s["name"] for s in plan.topo_desc["switches"]]
+    injector = faults.Injector(planned_faults, fabric.controller, bridges)
     try:
         runner.start_servers()
         sampler.start()
         flows0 = {br: telemetry.flow_counters(br) for br in bridges}
         before = telemetry.snapshot(ports)
         t_start = time.monotonic() - sampler.t0
-        runner.start_clients(duration)
-        progress(f"[{plan.policy_label}] {len(plan.flows)} flows for {duration:g} s ...")
+        injector.t0 = runner.start_clients(duration)
+        if planned_faults:
+            injector.start()
+        progress(f"[{plan.policy_label}] {len(plan.flows)} flows for {duration:g} s ..."
+                 + "".join(f"\n  fault at {f.at:g} s: {f.label}" for f in planned_faults))
         with Ticker(duration, f"[{plan.policy_label}] traffic"):
             runner.wait(timeout_s=duration + 15)
         fabric.timings["traffic_s"] = time.monotonic() - sampler.t0 - t_start
+        injector.stop()
+        faults.restore(planned_faults)
         after = telemetry.drained_snapshot(ports)
         t_end = time.monotonic() - sampler.t0
         flows1 = telemetry.settled_flow_counters(bridges)
         status = fabric.controller.request({"cmd": "status"})
     finally:
+        if injector.is_alive():
+            injector.stop()
         runner.stop()
         sampler.stop()
     runner.collect()
@@ -283,14 +293,27 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         # load-aware policy (0 for the others).
         "controller": {k: status.get(k) for k in ("decisions", "port_samples")},
     }
+    if planned_faults:
+        result["faults"] = faults.report(planned_faults, injector, status, plan.flows,
+                                         runner.dir, duration)
+        for f in result["flows"]:
+            f.update(result["faults"]["per_flow"][f["id"]])
     result["metrics"] = plan.kind.analyse(result, plan.params)
     idle = [round(x, 1) for x in sampler.cpu_idle_pct(t_start, t_end)]
     notes = list(plan.env.notes)
+    if planned_faults:
+        result["metrics"]["faults"] = result["faults"]["summary"]
+        notes.append("faults injected (a flow's counters may show two paths, and bytes sent "
+                     "into a dead link are lost in the datapath): "
+                     + "; ".join(f.label for f in planned_faults))
+        notes += result["faults"]["errors"]
     idle_min = min(idle, default=100.0)
     valid = idle_min >= MIN_CPU_IDLE_PCT
     if not valid:
         notes.append(f"CPU-bound: least idle second had {idle_min:.0f}% idle "
                      f"(< {MIN_CPU_IDLE_PCT:g}%); numbers describe the emulator")
+    if planned_faults and result["faults"]["errors"]:
+        valid = False
     errors = [f"{f['id']}: {f['error']}" for f in result["flows"] if f.get("error")]
     if errors:
         valid = False
@@ -298,7 +321,9 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
     unclean = [f["id"] for f in result["flows"] if not f["path_clean"]]
     if unclean:
         notes.append(f"flows whose counters do not form one path: {', '.join(unclean)}")
-    unexplained = diagnose.unexplained_loss(result)
+    # With links failing, bytes sent into a dead link are lost by design and a flow's
+    # counters can show two paths: the path-based loss check has nothing sound to say.
+    unexplained = {} if planned_faults else diagnose.unexplained_loss(result)
     if unexplained:
         notes.append("bytes lost inside the switches' datapath, not in a configured queue: "
                      + ", ".join(f"{k} {v} B" for k, v in unexplained.items()))

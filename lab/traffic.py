@@ -8,6 +8,7 @@ per-flow counter for it and the report can say which uplink those packets crosse
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -62,8 +63,9 @@ def pick_source_ports(count: int, rng: random.Random) -> list[int]:
     return rng.sample(FIXED_SPORTS, count)
 
 
-def _iperf_server_cmd(flow: FlowSpec) -> list[str]:
-    return ["iperf3", "-s", "-1", "-J", "-B", flow.dst_ip, "-p", str(flow.dport)]
+def _iperf_server_cmd(flow: FlowSpec, interval_s: float | None = None) -> list[str]:
+    cmd = ["iperf3", "-s", "-1", "-J", "-B", flow.dst_ip, "-p", str(flow.dport)]
+    return [*cmd, "-i", f"{interval_s:g}"] if interval_s else cmd
 
 
 def _iperf_client_cmd(flow: FlowSpec, duration_s: float) -> list[str]:
@@ -81,11 +83,16 @@ class FlowRunner:
     """Runs a set of flows on a fabric: servers first, then all clients at once."""
 
     def __init__(self, fabric: Any, flows: list[FlowSpec], run_dir: Path,
-                 record: RunRecord) -> None:
+                 record: RunRecord, interval_s: float | None = None) -> None:
         self.fabric = fabric
+        #: The receivers' reporting interval (iperf3's default 1 s when None).
+        self.interval_s = interval_s
         self.flows = flows
         self.dir = run_dir / "iperf3"
         self.dir.mkdir(parents=True, exist_ok=True)
+        # iperf3 keeps its send buffer in a temp file ($TMPDIR/iperf3.XXXXXX, unlinked at
+        # once): in the run's own folder, not in the machine's /tmp.
+        self.env = dict(os.environ, TMPDIR=str(run_dir))
         self.record = record
         self.servers: list[Any] = []
         self.clients: list[Any] = []
@@ -94,7 +101,8 @@ class FlowRunner:
         for flow in self.flows:
             host = self.fabric.host(flow.dst)
             out = open(self.dir / f"{flow.id}.server.json", "wb")  # noqa: SIM115
-            proc = host.popen(_iperf_server_cmd(flow), stdout=out, stderr=out)
+            proc = host.popen(_iperf_server_cmd(flow, self.interval_s), stdout=out, stderr=out,
+                              env=self.env)
             self.record.add_pid(proc.pid, f"iperf3 server {flow.id}")
             self.servers.append(proc)
         # A server is ready once its port listens in its host's namespace.
@@ -118,7 +126,8 @@ class FlowRunner:
         for flow in self.flows:
             host = self.fabric.host(flow.src)
             out = open(self.dir / f"{flow.id}.client.json", "wb")  # noqa: SIM115
-            proc = host.popen(_iperf_client_cmd(flow, duration_s), stdout=out, stderr=out)
+            proc = host.popen(_iperf_client_cmd(flow, duration_s), stdout=out, stderr=out,
+                              env=self.env)
             self.record.add_pid(proc.pid, f"iperf3 client {flow.id}")
             self.clients.append(proc)
         return t0
