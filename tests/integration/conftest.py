@@ -2,11 +2,14 @@
 
 import pytest
 
-from tests.integration.support import lab_leftovers
+from tests.integration.support import lab_leftovers, lab_turn
 
 
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     yield
-    left = lab_leftovers()
+    # With the lab lock held no run is in progress: another user's run on the same machine
+    # (CI, a benchmark) is not mistaken for something this test left behind.
+    with lab_turn():
+        left = lab_leftovers()
     assert not any(left.values()), f"the lab left things behind: {left}"

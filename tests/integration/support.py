@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from lab import state
@@ -116,3 +121,132 @@ def spine_bytes_on_one_pair(policy: str, flows: list[tuple[int, int, int]],
         counters = {sw: telemetry.flow_counters(sw) for sw in spines}
     return ({c: {sw: counters[sw].get(c, (0, 0))[1] for sw in spines} for c, _, _ in flows},
             decisions)
+
+
+def lab_turn_now() -> int:
+    """Block until the lab lock is ours; return its fd (give it to ``release_lab_turn``).
+
+    Other people's runs (CI, colleagues, benchmarks) may share this machine; while one of
+    them holds the lock its switches and processes legitimately exist. Checks for
+    leftovers therefore look only while holding the lock: then no run is in progress and
+    anything of the lab that exists was left behind. A blocking ``flock`` (not the lab's
+    polling one) is woken by the kernel the instant the holder dies, before any polling
+    waiter, so a test that kills a run gets the next turn itself.
+    """
+    state.STATE_DIR.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state.STATE_DIR / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def release_lab_turn(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+@contextlib.contextmanager
+def lab_turn() -> Iterator[None]:
+    """Hold the lab lock for the body (see ``lab_turn_now``)."""
+    fd = lab_turn_now()
+    try:
+        yield
+    finally:
+        release_lab_turn(fd)
+
+
+class LabTurnWaiter:
+    """Wait for the lab lock in a thread, started while a run we will kill holds it.
+
+    Started before ``kill -9``, it wins the lock the moment the killed run's lock is
+    released, so no other waiting run can start on our leftovers before we clean them.
+    """
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self._thread = threading.Thread(target=self._take, daemon=True)
+        self._thread.start()
+
+    def _take(self) -> None:
+        self.fd = lab_turn_now()
+
+    def __enter__(self) -> LabTurnWaiter:
+        return self
+
+    def wait(self, timeout: float = 60.0) -> None:
+        self._thread.join(timeout)
+        assert self.fd is not None, f"the lab lock was not free within {timeout:g} s"
+
+    def __exit__(self, *exc: object) -> None:
+        self._thread.join(5.0)
+        if self.fd is not None:
+            release_lab_turn(self.fd)
+            self.fd = None
+
+
+class RunWatcher:
+    """`fabriclab run ...` in the background, its output read by a thread, line by line.
+
+    A thread (not readline in the test) so a kill can come at any time and what the run
+    printed before it is still there; each line is kept with when it arrived.
+    """
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None,
+                 prefix: list[str] | None = None) -> None:
+        self.proc = subprocess.Popen([*(prefix or []), *CLI, "run", *args], cwd=REPO,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env)
+        self.lines: list[tuple[float, str]] = []
+        self._cond = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append((time.monotonic(), line))
+                self._cond.notify_all()
+        with self._cond:
+            self.lines.append((time.monotonic(), ""))      # EOF marker
+            self._cond.notify_all()
+
+    def output(self) -> str:
+        with self._cond:
+            return "".join(text for _, text in self.lines)
+
+    def saw(self, needle: str) -> bool:
+        return needle in self.output()
+
+    def wait_for(self, needle: str, timeout: float = 120.0) -> float:
+        """When the first line containing ``needle`` arrived (monotonic)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for t, text in self.lines:
+                    if needle in text:
+                        return t
+                if self.lines and self.lines[-1][1] == "":
+                    raise AssertionError(f"run ended without {needle!r}:\n{self.output()}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"no {needle!r} in {timeout:g} s:\n{self.output()}")
+                self._cond.wait(left)
+
+    def finish(self, timeout: float = 120.0) -> int:
+        rc = self.proc.wait(timeout=timeout)
+        self._reader.join(10.0)
+        return rc
+
+
+def record_of(owner_pid: int) -> state.RunRecord | None:
+    """The run record written by the process ``owner_pid`` (a `fabriclab run` we started)."""
+    if not state.records_dir().is_dir():
+        return None
+    for path in state.records_dir().glob("*.json"):
+        try:
+            rec = state.RunRecord.load(path)
+        except (OSError, ValueError, TypeError):
+            continue              # being replaced right now, or someone else's in progress
+        if rec.owner_pid == owner_pid:
+            return rec
+    return None
