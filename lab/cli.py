@@ -136,7 +136,15 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         spec["host_bw"] = args.host_bw
     if args.fabric_bw is not None:
         spec["fabric_bw"] = args.fabric_bw
-    topo = make_topology(spec)
+    # Planning a split is for fabrics too large for one machine: its size guard is off.
+    topo = make_topology(spec, machine_limits=args.workers is None)
+    if args.workers is not None:
+        # Planning for cluster mode / MaxiNet only: no root needed, nothing is started.
+        from lab.partition import partition, render
+        from lab.topologies import describe
+        desc = describe(topo)
+        print(render(partition(desc, args.workers), desc))
+        return 0
     run.policy_names(args.policy)
     run.require_root()
     env = environment.detect(args.controller)
@@ -256,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("clean", help="remove what killed runs left behind (by record)")
     c.set_defaults(func=_cmd_clean)
 
-    t = sub.add_parser("topo", help="bring up a fabric (with --cli: Mininet's CLI on it)")
+    t = sub.add_parser("topo", help="bring up a fabric (with --cli: Mininet's CLI on it; "
+                                   "with --workers N: only plan its split over N machines)")
     t.add_argument("type", choices=("leafspine", "fattree"))
     t.add_argument("--spines", type=int, default=2)
     t.add_argument("--leaves", type=int, default=2)
@@ -268,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=1)
     t.add_argument("--controller", choices=("os-ken", "ryu"))
     t.add_argument("--cli", action="store_true", help="open Mininet's CLI on the fabric")
+    t.add_argument("--workers", type=int, metavar="N",
+                   help="start nothing: print how the fabric splits over N machines "
+                        "(Mininet cluster mode, MaxiNet): switches and hosts per worker, "
+                        "the links that become tunnels and their bandwidth")
     t.set_defaults(func=_cmd_topo)
 
     g = sub.add_parser("diagnose", help="per-flow view of a run: links crossed, where bytes "
