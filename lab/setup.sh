@@ -14,7 +14,7 @@ VENV="${VENV:-$REPO/.venv}"
 RYU_VENV="${RYU_VENV:-$REPO/.venv-ryu}"
 SYS_PY=/usr/bin/python3          # Debian's Python: Mininet from apt is built for it
 APT_PKGS=(mininet openvswitch-switch iperf3 iputils-ping python3-venv python3-pip iproute2 ethtool
-          tcpdump nftables procps frr
+          tcpdump nftables procps frr strace   # strace: the isolation test traces file writes
           clang llvm libbpf-dev bpftool    # the tc-BPF ECN marker: built and programmed here
           chromium-headless-shell)         # renders report.html in the tests (offline)
 
