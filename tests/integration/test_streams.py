@@ -157,7 +157,8 @@ def test_tcp_stream_over_a_too_slow_link_stalls(tmp_path):
     # TCP loses nothing: every frame arrives, but at ~3/4 of the rate it is played.
     assert (s["frames_lost"], s["frames_received"]) == (0, 150)
     assert s["stalls"] > 0 and s["stall_s"] > 0
-    assert play["queue_drops"] == 0  # TCP backs off into its socket buffer: late, not lost
+    # The link's queue may drop segments (cubic probes past it: 0 in most runs, 11 in one
+    # CI run); TCP resends them, so frames come late, never lost - asserted above.
     assert s["goodput_bps"] < 3e6
     assert any(p["stalled"] for p in s["timeline"])
     assert play["stalls"] == s["stalls"]
