@@ -113,10 +113,8 @@ class FabricApp(BaseApp):
         self.policy = policies.resolve(self.cfg.policy)(seed=self.cfg.seed)
         self.topo = self.cfg.topology()
         self.routes = routing.ecmp_routes(self.topo)
-        # What each switch should hold (groups and forwarding; counters and pins aside), and
-        # what it was last told to hold: a reroute is the difference between the two.
-        self.plans = {sw: plan.switch_plan(sw, self.routes[sw], self.topo["hosts"],
-                                           self.policy) for sw in self.routes}
+        # What each switch was last told to hold (groups and forwarding; counters and pins
+        # aside): a reroute sends the difference to the plan for the new routes.
         self._installed: dict[str, SwitchPlan] = {}
         self.link_of_port = {}
         for i, lk in enumerate(self.cfg.links):
@@ -242,7 +240,6 @@ class FabricApp(BaseApp):
         installed = SwitchPlan(tuple(sw.seen_groups), tuple(sw.seen_flows))
         wanted = plan.renumber_groups(sw.seen_groups, plan.switch_plan(
             name, self.routes[name], self.topo["hosts"], self.policy))
-        self.plans[name] = wanted
         extra = [plan.watch_entry(w) for w in self._watched.values()]
         extra += [plan.pin_entry(p) for p in self._pinned.values() if p.switch == name]
         extra += [e for e in sw.seen_flows if self._still_valid_decision(name, e)]
@@ -250,9 +247,9 @@ class FabricApp(BaseApp):
                                                           wanted.flows + tuple(extra)))
         self._send_changes(sw, changes, {g.group_id for g in sw.seen_groups})
         self._installed[name] = wanted
-        kept = len(sw.seen_flows) - len(changes.flows_delete) - sum(
-            1 for e in changes.flows_add
-            if plan.entry_key(e) in {plan.entry_key(x) for x in sw.seen_flows})
+        seen = {plan.entry_key(e) for e in sw.seen_flows}
+        replaced = sum(1 for e in changes.flows_add if plan.entry_key(e) in seen)
+        kept = len(sw.seen_flows) - len(changes.flows_delete) - replaced
         self._remember(self._resyncs, {"t": time.time(), "switch": name, "found": len(
             sw.seen_flows), "kept": kept, "adopted": adopted, **changes.counts()})
         self._send_barrier(sw, lambda ok, why: self._programmed(sw, ok, why))
@@ -354,7 +351,7 @@ class FabricApp(BaseApp):
             name, self.routes[name], self.topo["hosts"], self.policy))
         changes = plan.plan_changes(installed, wanted)
         self._send_changes(sw, changes, {g.group_id for g in installed.groups})
-        self.plans[name] = self._installed[name] = wanted
+        self._installed[name] = wanted
         # Per-flow decisions and placements through a port that no longer leads to their
         # destination: deleted (a flow policy decides again on the flow's next packet).
         stale = 0

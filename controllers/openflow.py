@@ -56,15 +56,6 @@ def add_group(dp: Any, group: SelectGroup, modify: bool = False) -> Any:
                               buckets=buckets)
 
 
-def delete_everything(dp: Any) -> list[Any]:
-    """Every flow in every table, then every group: what a clean resync starts from."""
-    ofp, parser = dp.ofproto, dp.ofproto_parser
-    return [parser.OFPFlowMod(dp, table_id=ofp.OFPTT_ALL, command=ofp.OFPFC_DELETE,
-                              out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY,
-                              match=parser.OFPMatch()),
-            parser.OFPGroupMod(dp, command=ofp.OFPGC_DELETE, group_id=ofp.OFPG_ALL)]
-
-
 def port_stats_request(dp: Any) -> Any:
     """Counters of every port of the datapath (a load-aware policy's measurements)."""
     ofp, parser = dp.ofproto, dp.ofproto_parser

@@ -81,11 +81,6 @@ class Fault:
             acts.append((self.at + self.down_for, "up"))
         return acts
 
-    @property
-    def ends_at(self) -> float:
-        acts = self.actions()
-        return acts[-1][0] if acts[-1][1] in ("up", "restart") else float("inf")
-
 
 def _number(item: dict[str, Any], key: str, where: str, lo: float, hi: float) -> float:
     value = item[key]
@@ -109,18 +104,15 @@ def link_intfs(topo_desc: dict[str, Any]) -> dict[str, tuple[str, ...]]:
 
 
 def switch_intfs(topo_desc: dict[str, Any], switch: str) -> tuple[str, ...]:
-    """Every interface of ``switch``'s links (hosts included: a dark switch is dark)."""
-    out: list[str] = []
+    """Every switch-side interface of ``switch``'s links: its own ends, and the far end of
+    each link to another switch (a host's end lives in the host's namespace)."""
+    switches = {s["name"] for s in topo_desc["switches"]}
+    out = []
     for ln in topo_desc["links"]:
-        for node, port in ((ln["a"], ln["a_port"]), (ln["b"], ln["b_port"])):
-            if node == switch:
-                out.append(f"{node}-eth{port}")
         if switch in (ln["a"], ln["b"]):
-            other, port = (ln["b"], ln["b_port"]) if ln["a"] == switch else \
-                (ln["a"], ln["a_port"])
-            if other in {s["name"] for s in topo_desc["switches"]}:
-                out.append(f"{other}-eth{port}")
-    return tuple(dict.fromkeys(out))
+            out += [f"{n}-eth{p}" for n, p in ((ln["a"], ln["a_port"]), (ln["b"], ln["b_port"]))
+                    if n in switches]
+    return tuple(out)
 
 
 def parse(raw: Any, topo_desc: dict[str, Any], duration: float) -> list[Fault]:
