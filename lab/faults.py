@@ -350,14 +350,13 @@ def report(faults: list[Fault], injector: Injector, status: dict[str, Any],
     """The run's ``faults`` section: what was done, when the controller reacted, what each
     flow lost, and the controller's resync after a kill."""
     t_from = min(f.at for f in faults)
-    per_flow = {}
-    for f in flows:
-        per_flow[f.id] = flow_outage(receiver_intervals(iperf_dir / f"{f.id}.server.json"),
-                                     f.rate_bps, t_from, duration)
+    received = {f.id: receiver_intervals(iperf_dir / f"{f.id}.server.json") for f in flows}
+    per_flow = {f.id: flow_outage(received[f.id], f.rate_bps, t_from, duration)
+                for f in flows}
     for check in injector.controller_checks:
-        f = faults[[x.index for x in faults].index(check["fault"])]
+        f = faults[check["fault"]]               # parse numbers faults by list position
         assert f.down_for is not None
-        check.update(_goodput_around(flows, iperf_dir, f.at, f.at + f.down_for))
+        check.update(_goodput_around(list(received.values()), f.at, f.at + f.down_for))
     seen = {k: [x for st in [*injector.histories, status] for x in st.get(k, [])]
             for k in ("reroutes", "link_events")}
     react = reactions(injector.events, seen, injector.stopped_unix)
@@ -382,14 +381,14 @@ def report(faults: list[Fault], injector: Injector, status: dict[str, Any],
     }
 
 
-def _goodput_around(flows: list[Any], iperf_dir: Path, t_down: float,
+def _goodput_around(received: list[list[tuple[float, float, int]]], t_down: float,
                     t_up: float) -> dict[str, float]:
     """All flows' received rate while the controller was away, and as long before it:
     fail-secure switches should keep the first close to the second."""
     span = t_up - t_down
     before = during = 0
-    for f in flows:
-        for start, end, nbytes in receiver_intervals(iperf_dir / f"{f.id}.server.json"):
+    for intervals in received:
+        for start, end, nbytes in intervals:
             mid = (start + end) / 2
             if t_down - span <= mid < t_down:
                 before += nbytes

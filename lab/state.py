@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import shutil
 import signal
@@ -107,7 +108,12 @@ class LabLock:
     def acquire(self, wait_s: float | None = None) -> None:
         """Take the lock; wait up to ``wait_s`` (default: ``$FABRICLAB_LOCK_WAIT`` seconds,
         else 0) for another run to finish, so a queue of CI jobs or a class's scripts can
-        take turns instead of failing."""
+        take turns instead of failing.
+
+        ``wait_s=math.inf`` blocks in the kernel instead of polling: the kernel wakes a
+        blocked waiter the instant the holder dies, ahead of any polling one (a test that
+        kills a run takes the next turn itself, before another run starts on its leftovers).
+        """
         if wait_s is None:
             try:
                 wait_s = max(0.0, float(os.environ.get(LOCK_WAIT_ENV, "0") or 0))
@@ -117,20 +123,10 @@ class LabLock:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         path = STATE_DIR / "lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() < deadline:
-                    time.sleep(0.2)
-                    continue
-                holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
-                os.close(fd)
-                raise BusyError("lab", f"another FabricLab run (pid {holder}) is using the "
-                                f"lab; wait for it (or set {LOCK_WAIT_ENV}=SECONDS), or stop "
-                                "it") from None
+        if math.isinf(wait_s):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            _poll_lock(fd, wait_s)
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self.fd = fd
@@ -141,6 +137,24 @@ class LabLock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+def _poll_lock(fd: int, wait_s: float) -> None:
+    """Try for the lock every 0.2 s for ``wait_s``; then name the holder and give up."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise BusyError("lab", f"another FabricLab run (pid {holder}) is using the lab; "
+                            f"wait for it (or set {LOCK_WAIT_ENV}=SECONDS), or stop it") \
+                from None
 
 
 def marked_pids(run_id: str) -> list[int]:

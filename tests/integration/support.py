@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import json
+import math
 import os
 import re
 import subprocess
@@ -123,35 +123,33 @@ def spine_bytes_on_one_pair(policy: str, flows: list[tuple[int, int, int]],
             decisions)
 
 
-def lab_turn_now() -> int:
-    """Block until the lab lock is ours; return its fd (give it to ``release_lab_turn``).
+def lab_turn_now() -> state.LabLock:
+    """Block until the lab lock is ours (give it to ``release_lab_turn``).
 
     Other people's runs (CI, colleagues, benchmarks) may share this machine; while one of
     them holds the lock its switches and processes legitimately exist. Checks for
     leftovers therefore look only while holding the lock: then no run is in progress and
-    anything of the lab that exists was left behind. A blocking ``flock`` (not the lab's
-    polling one) is woken by the kernel the instant the holder dies, before any polling
+    anything of the lab that exists was left behind. Waiting forever blocks in the kernel
+    (``LabLock.acquire``), which wakes us the instant the holder dies, before any polling
     waiter, so a test that kills a run gets the next turn itself.
     """
-    state.STATE_DIR.mkdir(parents=True, exist_ok=True)
-    fd = os.open(state.STATE_DIR / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
+    lock = state.LabLock()
+    lock.acquire(math.inf)
+    return lock
 
 
-def release_lab_turn(fd: int) -> None:
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    os.close(fd)
+def release_lab_turn(lock: state.LabLock) -> None:
+    lock.release()
 
 
 @contextlib.contextmanager
 def lab_turn() -> Iterator[None]:
     """Hold the lab lock for the body (see ``lab_turn_now``)."""
-    fd = lab_turn_now()
+    lock = lab_turn_now()
     try:
         yield
     finally:
-        release_lab_turn(fd)
+        release_lab_turn(lock)
 
 
 class LabTurnWaiter:
@@ -162,25 +160,25 @@ class LabTurnWaiter:
     """
 
     def __init__(self) -> None:
-        self.fd: int | None = None
+        self.lock: state.LabLock | None = None
         self._thread = threading.Thread(target=self._take, daemon=True)
         self._thread.start()
 
     def _take(self) -> None:
-        self.fd = lab_turn_now()
+        self.lock = lab_turn_now()
 
     def __enter__(self) -> LabTurnWaiter:
         return self
 
     def wait(self, timeout: float = 60.0) -> None:
         self._thread.join(timeout)
-        assert self.fd is not None, f"the lab lock was not free within {timeout:g} s"
+        assert self.lock is not None, f"the lab lock was not free within {timeout:g} s"
 
     def __exit__(self, *exc: object) -> None:
         self._thread.join(5.0)
-        if self.fd is not None:
-            release_lab_turn(self.fd)
-            self.fd = None
+        if self.lock is not None:
+            release_lab_turn(self.lock)
+            self.lock = None
 
 
 class RunWatcher:
