@@ -13,10 +13,12 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$REPO/.venv}"
 RYU_VENV="${RYU_VENV:-$REPO/.venv-ryu}"
 SYS_PY=/usr/bin/python3          # Debian's Python: Mininet from apt is built for it
-APT_PKGS=(mininet openvswitch-switch iperf3 iputils-ping python3-venv python3-pip iproute2 ethtool
-          tcpdump nftables procps frr strace   # strace: the isolation test traces file writes
-          clang llvm libbpf-dev bpftool    # the tc-BPF ECN marker: built and programmed here
-          chromium-headless-shell)         # renders report.html in the tests (offline)
+# The package list is shared with `fabriclab vm build`: lab/packages.txt, one name a line.
+mapfile -t APT_PKGS < <(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$REPO/lab/packages.txt")
+# --vm-host: also what `fabriclab vm` needs on this machine to build and boot the VM.
+if [ "${1:-}" = --vm-host ]; then
+    APT_PKGS+=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs)
+fi
 
 say() { printf '[setup] %s\n' "$*"; }
 
@@ -95,13 +97,16 @@ else
 fi
 
 # Second venv: Ryu 4.34, which needs old setuptools and an eventlet that runs on 3.11.
+# (`fabriclab vm build` reads these two lines to put the same pins into the VM's wheelhouse.)
+RYU_BUILD_DEPS=('setuptools<68' wheel pbr)
+RYU_PKGS=(ryu==4.34 eventlet==0.33.3 dnspython==2.2.1)
 if [ "${FABRICLAB_SKIP_RYU:-0}" != 1 ]; then
     if [ ! -x "$RYU_VENV/bin/python" ] || ! "$RYU_VENV/bin/python" -c 'import ryu' 2>/dev/null; then
         say "creating $RYU_VENV with Ryu 4.34"
         "$SYS_PY" -m venv "$RYU_VENV"
-        "$RYU_VENV/bin/pip" install -q --disable-pip-version-check 'setuptools<68' wheel pbr
+        "$RYU_VENV/bin/pip" install -q --disable-pip-version-check "${RYU_BUILD_DEPS[@]}"
         "$RYU_VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
-            ryu==4.34 eventlet==0.33.3 dnspython==2.2.1
+            "${RYU_PKGS[@]}"
     else
         say "Ryu 4.34 present in $RYU_VENV"
     fi

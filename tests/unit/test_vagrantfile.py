@@ -14,7 +14,9 @@ def test_provisioner_runs_the_setup_entry_point():
     text = (REPO / "Vagrantfile").read_text()
     assert 'config.vm.box = "debian/bookworm64"' in text
     assert re.search(r"cpus = [2-9]", text) and re.search(r"memory = (\d{4,})", text)
-    assert "bash /vagrant/lab/setup.sh" in text
+    assert 'path: "lab/provision.sh", args: ["/vagrant"]' in text
+    provision = (REPO / "lab" / "provision.sh").read_text()
+    assert re.search(r'^bash "\$REPO/lab/setup.sh"$', provision, re.M)
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^setup:\n\tbash lab/setup.sh$", makefile, re.M)
     assert "make test" in (REPO / ".ci" / "run").read_text()
