@@ -16,6 +16,9 @@ setup(
         "scapy>=2.5",       # 5-tuple traceroute probes (lab/probe.py)
         "matplotlib>=3.7",  # report.html's plots (lab/report.py)
         "pytest>=8",        # the `fabric` fixture users import (lab/testing.py)
+        # Counters and queues read over rtnetlink in-process, one socket per namespace
+        # (lab/telemetry.py): a `tc` spawn per sample ate a slow machine's CPU headroom.
+        "pyroute2>=0.9,<0.10",
     ],
     extras_require={"dev": ["ruff>=0.6", "hypothesis>=6.100"]},  # fuzzed input tests
     entry_points={"console_scripts": ["fabriclab = lab.cli:main"],

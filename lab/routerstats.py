@@ -5,8 +5,9 @@ namespace's sysfs. Three sources, all cheap and all the kernel's:
 
 * ``/proc/<pid>/net/dev`` of any process in the router's namespace (its Mininet shell):
   bytes and packets per interface, read without a subprocess, so at 10 Hz;
-* ``tc -s -j qdisc show`` inside the namespace (``nsenter``): the configured queue's drops
-  and backlog, read at the edges of a phase;
+* the root qdiscs' drops and backlog over rtnetlink, through a socket opened inside the
+  router's namespace once and kept for the run (``lab.telemetry.netlink``), read at the
+  edges of a phase - the numbers ``tc -s qdisc`` prints, without a process per read;
 * nftables sets in the router: one dynamic set per interface and direction whose elements
   are 5-tuples with a counter each. Every flow that leaves through an interface is counted
   there, planned or not, so a stream's path through the routers is read from the routers'
@@ -22,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab.telemetry import qdisc_stats
+from lab.telemetry import close_netlink, qdisc_stats
 
 NFT_TABLE = "fabriclab"
 FlowKey = tuple[str, str, str, int, int]     # src, dst, proto, sport, dport
@@ -86,7 +87,7 @@ def netdev(pid: int) -> dict[str, tuple[int, int, int]]:
 
 def qdiscs(pid: int) -> dict[str, tuple[int, int]]:
     """{intf: (drops, backlog bytes)} of each root qdisc in the namespace of ``pid``."""
-    return qdisc_stats(("nsenter", "-t", str(pid), "-n"))
+    return qdisc_stats(pid)
 
 
 @dataclass
@@ -143,8 +144,11 @@ class RouterSampler(threading.Thread):
             prev, prev_t = cur, now
 
     def stop(self) -> None:
+        """Stop sampling and close the netlink sockets kept in the routers' namespaces:
+        the run is over, and an open socket would keep a namespace alive."""
         self._stop_evt.set()
         self.join(timeout=5)
+        close_netlink(self.pids.values())
 
 
 # -- per-flow counters: nftables -------------------------------------------------------------
