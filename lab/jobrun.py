@@ -358,7 +358,8 @@ class JobRun:
         if pp["storage"]["mode"] == "classes":
             self.storage_classes(pp, hosts, on=True)
         bridges = [s["name"] for s in self.topo["switches"]]
-        sampler = telemetry.Sampler(self.ports, hz=float(pp["sample_hz"]))
+        sampler = telemetry.Sampler(self.ports, hz=float(pp["sample_hz"]),
+                                    controller=self.fabric.controller)
         watched_hosts = sorted({*hosts, *pp["storage"]["hosts"]})
         procs: list[subprocess.Popen] = []
         capture = None
@@ -446,6 +447,7 @@ class JobRun:
         metrics["placement"] = pp["placement"]["hosts"]
         metrics["hosts"] = hosts
         metrics["cpu_idle_min_pct"] = min(idle, default=100.0)
+        metrics["lab_cpu_pct"] = sampler.lab_cpu_pct(t_start, t_job_end)
         metrics["fidelity_valid"] = (metrics["cpu_idle_min_pct"] >= kind.MIN_CPU_IDLE_PCT
                                      and not any(o.get("error") for o in outputs))
         if capture is not None:
@@ -592,6 +594,8 @@ def assemble(plan_: Any, phases: dict[str, Any], loss: float,
                           for n, p in phases.items()},
         "fidelity": {"cpu_idle_min_pct": min(p["metrics"]["cpu_idle_min_pct"]
                                              for p in phases.values()),
+                     "lab_cpu_pct": telemetry.worst_lab_cpu_pct(
+                         p["metrics"]["lab_cpu_pct"] for p in phases.values()),
                      "valid": loss == 0 and all(p["metrics"]["fidelity_valid"]
                                                 for p in phases.values()),
                      "notes": notes, "step_clock": "time.monotonic (ns resolution)"},

@@ -249,7 +249,7 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
     runner = FlowRunner(fabric, plan.flows, fabric.run_dir, fabric.record,
                         interval_s=faults.INTERVAL_S if planned_faults else None)
     ports = telemetry.fabric_ports(plan.topo_desc)
-    sampler = telemetry.Sampler(ports, hz=SAMPLE_HZ)
+    sampler = telemetry.Sampler(ports, hz=SAMPLE_HZ, controller=fabric.controller)
     bridges = [s["name"] for s in plan.topo_desc["switches"]]
     injector = faults.Injector(planned_faults, fabric.controller, bridges)
     try:
@@ -328,6 +328,7 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         notes.append("bytes lost inside the switches' datapath, not in a configured queue: "
                      + ", ".join(f"{k} {v} B" for k, v in unexplained.items()))
     result["fidelity"] = {"cpu_idle_min_pct": idle_min, "cpu_idle_pct": idle, "valid": valid,
+                          "lab_cpu_pct": sampler.lab_cpu_pct(t_start, t_end),
                           "notes": notes, "datapath_loss_bytes": unexplained}
     return result
 

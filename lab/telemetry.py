@@ -293,6 +293,8 @@ def qdisc_stats(pid: int | None = None) -> dict[str, tuple[int, int]]:
 
 def snapshot(ports: list[Port]) -> dict[Port, PortSnapshot]:
     """Every port's counters and queue, from one link dump and one qdisc dump."""
+    if not ports:
+        return {}
     nl = netlink()
     links = nl.links()
     q = nl.qdiscs()
@@ -370,6 +372,12 @@ def lab_cpu_ticks(controller: HasProcess | None) -> dict[int, int]:
         if t is not None:
             ticks[proc.pid] = t
     return ticks
+
+
+def worst_lab_cpu_pct(phases: Iterable[float | None]) -> float | None:
+    """A multi-phase run's ``fidelity.lab_cpu_pct``: its busiest phase's, as its
+    ``cpu_idle_min_pct`` is its least idle phase's."""
+    return max((x for x in phases if x is not None), default=None)
 
 
 @dataclass

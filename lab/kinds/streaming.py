@@ -246,7 +246,8 @@ class EdgeRun:
 
     def start_sampling(self) -> None:
         """Fabric ports and router ports, sampled on one clock for the whole run."""
-        self.sampler = telemetry.Sampler(self.fports, hz=SAMPLE_HZ)
+        self.sampler = telemetry.Sampler(self.fports, hz=SAMPLE_HZ,
+                                         controller=self.fabric.controller)
         self.sampler.start()
         while not self.sampler.t0:        # t0 is set by the sampler thread itself
             time.sleep(0.005)
@@ -455,7 +456,8 @@ class EdgeRun:
                             for a, b in itertools.pairwise(marks)},
                 "config": config, "duration_s": round(measured_s, 3), "links": links,
                 "flows": flows, "events": events, "cpu_idle_pct": idle,
-                "cpu_idle_min_pct": min(idle, default=100.0)}
+                "cpu_idle_min_pct": min(idle, default=100.0),
+                "lab_cpu_pct": self.sampler.lab_cpu_pct(t_start, t_end)}
 
     def probe(self, phase: str, flows: list[dict[str, Any]]) -> None:
         """TTL-limited probes with each origin stream's 5-tuple: which uplink does it hash to?
@@ -868,6 +870,8 @@ def assemble(plan_: Any, phases: dict[str, Any], bgp: dict[str, Any],
         "metrics": metrics, "timings": timings,
         "phase_details": phases,
         "fidelity": {"cpu_idle_min_pct": min(p["cpu_idle_min_pct"] for p in phases.values()),
+                     "lab_cpu_pct": telemetry.worst_lab_cpu_pct(
+                         p["lab_cpu_pct"] for p in phases.values()),
                      "valid": valid, "notes": notes,
                      "wan_delay": "netem" if plan_.env.netem else "none (no netem)"},
     }
