@@ -14,6 +14,10 @@
 * ``dccore`` and the border routers share AS 65000 (iBGP over every core link, next-hop-self);
   every border has ``uplinks`` parallel eBGP links to every ISP. Every session runs BFD.
 * Each ISP has one CDN node and one anchor (a streamer pushing into the DC) behind it.
+* The uplinks are WAN links: ``wan_delay_ms`` of one-way propagation delay (netem) in each
+  direction, where the kernel has netem. Without netem they have none, and the streaming
+  kind records that (``fidelity.wan_delay``): the incident itself is about rates and hashes,
+  so it still shows, only with the DC's own RTTs.
 
 The hash decisions of the incident are the kernel's: ``dccore`` spreads over the core links
 to both borders, a border over its uplinks to the ISP. A packet from the origin reaches
@@ -30,7 +34,7 @@ from typing import Any
 from lab.bgp import Router
 from lab.checks import check_int
 from lab.frr import BgpTopo, FrrRouter
-from lab.links import ShapedLink
+from lab.links import ShapedLink, check_netem
 from lab.topologies import FabricTopo, _check_links, _check_rate
 
 DC_AS = 65000
@@ -43,6 +47,9 @@ P2P_POOL = IPv4Network("172.16.0.0/16")
 CDN_POOL = IPv4Network("203.0.113.0/24")
 ANCHOR_POOL = IPv4Network("198.51.100.0/24")
 MAX_PATHS = 16
+#: One-way delay of an ISP uplink when the scenario does not say: a metro/regional hop
+#: between a DC border and an ISP's network (a 20 ms RTT).
+DEFAULT_WAN_DELAY_MS = 10.0
 
 
 class StreamingEdge(FabricTopo, BgpTopo):
@@ -53,7 +60,8 @@ class StreamingEdge(FabricTopo, BgpTopo):
     def build(self, spines: int = 2, servers: int = 4, borders: int = 2, isps: int = 2,
               uplinks: int = 2, core_links: int = 2, host_bw: float = 50.0,
               fabric_bw: float = 100.0, core_bw: float = 100.0, uplink_bw: float = 20.0,
-              access_bw: float = 100.0, queue_bytes: int = 150_000) -> None:
+              access_bw: float = 100.0, queue_bytes: int = 150_000,
+              wan_delay_ms: float = DEFAULT_WAN_DELAY_MS) -> None:
         spines = check_int("topology.spines", spines, 1, 8)
         servers = check_int("topology.servers", servers, 1, 32)
         borders = check_int("topology.borders", borders, 1, 4)
@@ -64,10 +72,12 @@ class StreamingEdge(FabricTopo, BgpTopo):
         core_bw = _check_rate("topology.core_bw", core_bw)
         uplink_bw = _check_rate("topology.uplink_bw", uplink_bw)
         access_bw = _check_rate("topology.access_bw", access_bw)
+        self.wan = check_netem(("topology.wan_delay_ms", "", ""), wan_delay_ms)
         self.params = {"spines": spines, "servers": servers, "borders": borders, "isps": isps,
                        "uplinks": uplinks, "core_links": core_links, "host_bw": host_bw,
                        "fabric_bw": fabric_bw, "core_bw": core_bw, "uplink_bw": uplink_bw,
-                       "access_bw": access_bw, "queue_bytes": queue_bytes}
+                       "access_bw": access_bw, "queue_bytes": queue_bytes,
+                       "wan_delay_ms": self.wan.delay_ms}
         self.queue_bytes = queue_bytes
         self._p2p = P2P_POOL.subnets(new_prefix=30)
         # Router links by role, in build order: what telemetry and the report name.
@@ -128,8 +138,13 @@ class StreamingEdge(FabricTopo, BgpTopo):
     def _router_link(self, a: str, b: str, bw: float, role: str) -> None:
         subnet = str(next(self._p2p))
         link = self.bgp.add_link(a, b, subnet, bgp=True, bfd=True, bw=bw)
+        wan: dict[str, object] = {}
+        if role == "uplink" and self.wan.active:
+            # Applied where the kernel has netem, skipped where it has not: the kind reads
+            # back what the uplinks got and records it.
+            wan = {**self.wan.as_dict(), "netem_optional": True}
         self.addLink(a, b, port1=link.a_port, port2=link.b_port, cls=ShapedLink, bw=bw,
-                     queue_bytes=self.queue_bytes)
+                     queue_bytes=self.queue_bytes, **wan)
         self.link_roles[(a, link.a_port)] = role
         self.link_roles[(b, link.b_port)] = role
 
@@ -146,6 +161,8 @@ class StreamingEdge(FabricTopo, BgpTopo):
                  "a_intf": ln.a_intf, "b_intf": ln.b_intf, "bw_mbps": ln.bw,
                  "queue_bytes": self.queue_bytes,
                  "role": self.link_roles.get((ln.a, ln.a_port), "access"),
+                 "wan_delay_ms": self.wan.delay_ms
+                 if self.link_roles.get((ln.a, ln.a_port)) == "uplink" else 0.0,
                  "subnet": str(ln.pairs[0][0].network)} for ln in self.bgp.links]
 
     def external_hosts(self) -> list[dict[str, Any]]:

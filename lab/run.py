@@ -26,7 +26,7 @@ from lab.errors import MachineError, ScenarioError
 from lab.fabric import Fabric
 from lab.progress import Ticker
 from lab.result import SCHEMA_VERSION, flow_entries, link_entries, validate
-from lab.topologies import describe, make_topology
+from lab.topologies import describe, make_topology, refuse_without_netem
 from lab.traffic import FlowRunner, FlowSpec
 
 #: A phase whose least idle second had less CPU to spare than this ran CPU-bound: its
@@ -139,6 +139,7 @@ def make_plans(name: str, policy: str | None = None, sets: list[str] | None = No
     env = environment.detect(runtime)
     if env.datapath == "user" and not env.userspace_tso:
         raise MachineError("ovs", "; ".join(env.notes) or "userspace TSO is off")
+    refuse_without_netem(given.topo_desc, env.netem)
     chosen = environment.pick_runtime(env.runtimes, runtime)
     return [Plan(given.scenario, given.kind, given.params, p, given.topo_desc, given.flows,
                  env, chosen)

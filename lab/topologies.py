@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from mininet.topo import Topo
 
 from lab.checks import check_int
-from lab.errors import TopologyError
+from lab.errors import MachineError, TopologyError
+from lab.links import Netem, check_netem
 
 DEFAULT_FABRIC_MBPS = 100.0
 DEFAULT_HOST_MBPS = 50.0
@@ -73,6 +74,35 @@ def _check_links(host_bw: object, fabric_bw: object,
             check_int("topology.queue_bytes", queue_bytes, 3000, 64_000_000))
 
 
+#: The fabric's own link parameters (switch to switch), as a scenario names them.
+NETEM_FIELDS = ("topology.link_delay_ms", "topology.link_jitter_ms", "topology.link_loss_pct")
+
+
+def _check_fabric_netem(delay_ms: object, jitter_ms: object, loss_pct: object) -> Netem:
+    """Propagation delay (one way, per link), jitter and loss of every switch-to-switch link.
+
+    Host links keep none: the hosts' NIC queues are rebuilt by the collective kind's storage
+    classes, and a rack's own RTT stays the emulator's. A path leaf -> spine -> leaf gets
+    2 x delay each way, an inter-pod fat-tree path 4 x.
+    """
+    return check_netem(NETEM_FIELDS, delay_ms, jitter_ms, loss_pct)
+
+
+def refuse_without_netem(topo_desc: dict[str, object], netem: bool) -> None:
+    """Before anything starts: a fabric asking for delay, jitter or loss on a kernel without
+    netem is refused, naming the first value asked for (the links would refuse it too, but
+    only once the fabric is half up)."""
+    params = topo_desc.get("params")
+    if netem or not isinstance(params, dict):
+        return
+    for field in NETEM_FIELDS:
+        key = field.removeprefix("topology.")
+        if params.get(key):
+            raise MachineError(field, f"{params[key]:g} asked for, but this kernel has no "
+                               "netem: delay, jitter and loss cannot be emulated here (see "
+                               "`fabriclab doctor`)")
+
+
 class FabricTopo(Topo):
     """Common bookkeeping: tiers, host addresses, link rates, oversubscription."""
 
@@ -97,8 +127,15 @@ class FabricTopo(Topo):
         self.roles[name] = "host"
         return name
 
-    def shaped(self, bw: float, queue_bytes: int) -> dict[str, object]:
-        return {"bw": bw, "queue_bytes": queue_bytes}
+    def shaped(self, bw: float, queue_bytes: int,
+               netem: Netem | None = None) -> dict[str, object]:
+        """A link's parameters for ``addLink``: rate, byte queue and, if any, netem's."""
+        params: dict[str, object] = {"bw": bw, "queue_bytes": queue_bytes}
+        if netem is not None and netem.active:
+            # A kernel without netem refuses the link naming the first value asked for.
+            asked = [f for f, v in zip(NETEM_FIELDS, netem.as_dict().values(), strict=True) if v]
+            params.update(netem.as_dict(), netem_field=asked[0])
+        return params
 
     def role(self, name: str) -> str:
         return self.roles[name]
@@ -122,15 +159,18 @@ class LeafSpine(FabricTopo):
 
     def build(self, spines: int = 2, leaves: int = 2, hosts_per_leaf: int = 4,
               host_bw: float = DEFAULT_HOST_MBPS, fabric_bw: float = DEFAULT_FABRIC_MBPS,
-              queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
+              queue_bytes: int = DEFAULT_QUEUE_BYTES, link_delay_ms: float = 0.0,
+              link_jitter_ms: float = 0.0, link_loss_pct: float = 0.0) -> None:
         spines = check_int("topology.spines", spines, 1, 64)
         leaves = check_int("topology.leaves", leaves, 1, 64)
         hosts_per_leaf = check_int("topology.hosts_per_leaf", hosts_per_leaf, 1, 64)
         check_size("topology.hosts_per_leaf", f"{leaves} leaves x {hosts_per_leaf} hosts",
                    spines + leaves, leaves * hosts_per_leaf)
         host_bw, fabric_bw, queue_bytes = _check_links(host_bw, fabric_bw, queue_bytes)
+        netem = _check_fabric_netem(link_delay_ms, link_jitter_ms, link_loss_pct)
         self.params = {"spines": spines, "leaves": leaves, "hosts_per_leaf": hosts_per_leaf,
-                       "host_bw": host_bw, "fabric_bw": fabric_bw, "queue_bytes": queue_bytes}
+                       "host_bw": host_bw, "fabric_bw": fabric_bw, "queue_bytes": queue_bytes,
+                       **{f"link_{key}": v for key, v in netem.as_dict().items()}}
         self.oversubscription = hosts_per_leaf * host_bw / (spines * fabric_bw)
 
         spine_names = [self.add_fabric_switch("spine", i) for i in range(1, spines + 1)]
@@ -141,7 +181,7 @@ class LeafSpine(FabricTopo):
                 self.addLink(host, leaf, port1=0, port2=k, **self.shaped(host_bw, queue_bytes))
             for i, spine in enumerate(spine_names, start=1):
                 self.addLink(leaf, spine, port1=hosts_per_leaf + i, port2=j,
-                             **self.shaped(fabric_bw, queue_bytes))
+                             **self.shaped(fabric_bw, queue_bytes, netem))
 
 
 class FatTree(FabricTopo):
@@ -156,14 +196,17 @@ class FatTree(FabricTopo):
 
     def build(self, k: int = 4, host_bw: float = DEFAULT_FABRIC_MBPS,
               fabric_bw: float = DEFAULT_FABRIC_MBPS,
-              queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
+              queue_bytes: int = DEFAULT_QUEUE_BYTES, link_delay_ms: float = 0.0,
+              link_jitter_ms: float = 0.0, link_loss_pct: float = 0.0) -> None:
         k = check_int("topology.k", k, 2, 16)
         if k % 2:
             raise TopologyError("topology.k", f"a fat-tree needs an even k, got {k}")
         check_size("topology.k", f"k={k}", 5 * k * k // 4, k ** 3 // 4)
         host_bw, fabric_bw, queue_bytes = _check_links(host_bw, fabric_bw, queue_bytes)
+        netem = _check_fabric_netem(link_delay_ms, link_jitter_ms, link_loss_pct)
         self.params = {"k": k, "host_bw": host_bw, "fabric_bw": fabric_bw,
-                       "queue_bytes": queue_bytes}
+                       "queue_bytes": queue_bytes,
+                       **{f"link_{key}": v for key, v in netem.as_dict().items()}}
         half = k // 2
         self.oversubscription = half * host_bw / (half * fabric_bw)
         self.pods: dict[str, int] = {}
@@ -183,13 +226,13 @@ class FatTree(FabricTopo):
                                  **self.shaped(host_bw, queue_bytes))
                 for a, agg in enumerate(aggs, start=1):
                     self.addLink(edge, agg, port1=half + a, port2=e,
-                                 **self.shaped(fabric_bw, queue_bytes))
+                                 **self.shaped(fabric_bw, queue_bytes, netem))
             for a, agg in enumerate(aggs, start=1):
                 # Agg a of every pod reaches cores (a-1)*half+1 .. a*half.
                 for c in range(1, half + 1):
                     core = cores[(a - 1) * half + c - 1]
                     self.addLink(agg, core, port1=half + c, port2=pod,
-                                 **self.shaped(fabric_bw, queue_bytes))
+                                 **self.shaped(fabric_bw, queue_bytes, netem))
 
 
 TOPOLOGIES: dict[str, type[FabricTopo]] = {"leafspine": LeafSpine, "fattree": FatTree}
@@ -251,7 +294,8 @@ def describe(topo: FabricTopo) -> dict[str, object]:
             continue
         # Topo.links() yields (node1, node2) in the order given to addLink, ports alike.
         links.append({"a": a, "a_port": info["port1"], "b": b, "b_port": info["port2"],
-                      "bw_mbps": info["bw"], "queue_bytes": info["queue_bytes"]})
+                      "bw_mbps": info["bw"], "queue_bytes": info["queue_bytes"],
+                      "delay_ms": info.get("delay_ms", 0.0)})
     desc: dict[str, object] = {"type": topo.kind, "params": dict(topo.params),
                                "oversubscription": round(topo.oversubscription, 4),
                                "switches": switches, "hosts": hosts, "links": links}

@@ -255,6 +255,23 @@ class EdgeRun:
                                                   hz=SAMPLE_HZ)
         self.rsampler.start()
 
+    def wan_delay(self) -> dict[str, float | None]:
+        """{uplink port: one-way delay (ms) its root netem has}, read back from the kernel:
+        what the uplinks got, not what was asked (without netem they get nothing)."""
+        from lab.links import root_netem_delay_ms
+        out: dict[str, float | None] = {}
+        for p in self.rports:
+            if p.role != "uplink":
+                continue
+            shown = routerstats.ns_run(self.pids[p.node], ["tc", "-j", "qdisc", "show",
+                                                           "dev", p.intf], check=False).stdout
+            try:
+                qdiscs = json.loads(shown) if shown.strip() else []
+            except ValueError:
+                qdiscs = []
+            out[p.name] = root_netem_delay_ms(qdiscs)
+        return out
+
     def bgp_state(self) -> dict[str, Any]:
         """Each router's sessions (FRR's word) and its multipath routes (the kernel's)."""
         out = {}
@@ -757,6 +774,7 @@ def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
             progress(f"BGP up: sessions in {timings['bgp_established_s']:.2f} s, multipath "
                      f"routes in {timings['routing_ready_s']:.2f} s")
             bgp = edge.bgp_state()
+            wan = edge.wan_delay()
             watch = [e for s in edge.streams for e in s.spec().watch_entries(s.index)]
             reply = fabric.controller.request({"cmd": "watch", "flows": watch})
             if not reply.get("ok"):
@@ -779,9 +797,27 @@ def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
             _keep_logs(fabric.run_dir, out_dir)
     timings.update({k: round(v, 3) for k, v in fabric.timings.items()})
     timings["wall_s"] = round(time.monotonic() - t_run, 3)
-    result = assemble(plan_, phases, bgp, bgp_after, timings)
+    result = assemble(plan_, phases, bgp, bgp_after, timings, wan)
     runmod.write_result(result, out_dir)
     return result
+
+
+def wan_fidelity(asked_ms: float, got: dict[str, float | None]
+                 ) -> tuple[dict[str, Any], str | None]:
+    """``fidelity`` entries for the uplinks' WAN delay, and a note when it is not what was
+    asked: ``wan_delay`` is ``netem`` only when every uplink's root netem has the delay."""
+    values = sorted({v for v in got.values() if v is not None})
+    entries: dict[str, Any] = {"wan_delay_ms_asked": asked_ms, "wan_delay_ms": values}
+    if asked_ms and got and all(v is not None and abs(v - asked_ms) < 1e-3 for v in got.values()):
+        return {"wan_delay": "netem", **entries}, None
+    if not asked_ms:
+        return {"wan_delay": "none (not asked)", **entries}, None
+    if not any(v is not None for v in got.values()):
+        return ({"wan_delay": "none (no netem)", **entries},
+                f"no netem: the ISPs' WAN links have no delay ({asked_ms:g} ms asked)")
+    wrong = sorted(k for k, v in got.items() if v is None or abs(v - asked_ms) >= 1e-3)
+    return ({"wan_delay": "partial", **entries},
+            f"WAN delay {asked_ms:g} ms asked, but {', '.join(wrong)} read back otherwise")
 
 
 def _keep_logs(work: Path, out_dir: Path) -> None:
@@ -847,7 +883,8 @@ def _phase_line(mt: dict[str, Any]) -> str:
 
 
 def assemble(plan_: Any, phases: dict[str, Any], bgp: dict[str, Any],
-             bgp_after: dict[str, Any], timings: dict[str, Any]) -> dict[str, Any]:
+             bgp_after: dict[str, Any], timings: dict[str, Any],
+             wan: dict[str, float | None]) -> dict[str, Any]:
     """result.json: top-level links/flows are the incident's (what diagnose explains);
     every phase's own are under ``phase_details``."""
     main = phases.get("incident") or next(iter(phases.values()))
@@ -858,8 +895,10 @@ def assemble(plan_: Any, phases: dict[str, Any], bgp: dict[str, Any],
     for n, p in phases.items():
         if p["cpu_idle_min_pct"] < MIN_CPU_IDLE_PCT:
             notes.append(f"{n}: CPU-bound ({p['cpu_idle_min_pct']:.0f}% idle)")
-    if not plan_.env.netem:
-        notes.append("no netem: the ISPs' WAN links have no delay")
+    wan_fields, wan_note = wan_fidelity(float(plan_.topo_desc["params"].get("wan_delay_ms", 0)),
+                                        wan)
+    if wan_note:
+        notes.append(wan_note)
     result = {
         "schema": SCHEMA_VERSION, "kind": "streaming", "scenario": plan_.scenario.name,
         **plan_.policy_fields(), "seed": int(plan_.params["seed"]),
@@ -872,8 +911,7 @@ def assemble(plan_: Any, phases: dict[str, Any], bgp: dict[str, Any],
         "fidelity": {"cpu_idle_min_pct": min(p["cpu_idle_min_pct"] for p in phases.values()),
                      "lab_cpu_pct": telemetry.worst_lab_cpu_pct(
                          p["lab_cpu_pct"] for p in phases.values()),
-                     "valid": valid, "notes": notes,
-                     "wan_delay": "netem" if plan_.env.netem else "none (no netem)"},
+                     "valid": valid, "notes": notes, **wan_fields},
     }
     result["fidelity"]["datapath_loss_bytes"] = diagnose.unexplained_loss(result)
     return result

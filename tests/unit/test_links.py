@@ -1,0 +1,141 @@
+"""Link layout (tc commands), netem parameters and their refusals, without building anything."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lab.edge import DEFAULT_WAN_DELAY_MS
+from lab.errors import MachineError, TopologyError
+from lab.kinds.streaming import wan_fidelity
+from lab.links import Netem, check_netem, netem_limit_packets, root_netem_delay_ms, tc_commands
+from lab.topologies import describe, make_topology, refuse_without_netem
+
+FIELDS = ("t.delay_ms", "t.jitter_ms", "t.loss_pct")
+
+
+def test_without_netem_the_layout_is_htb_root_with_a_byte_fifo_leaf():
+    cmds = tc_commands("s1-eth1", 50.0, 100_000)
+    assert cmds[0] == "tc qdisc add dev s1-eth1 root handle 1: htb default 1"
+    assert cmds[1].startswith("tc class add dev s1-eth1 parent 1: classid 1:1 htb rate 50.0mbit")
+    assert cmds[2] == "tc qdisc add dev s1-eth1 parent 1:1 handle 10: bfifo limit 100000"
+    assert len(cmds) == 3
+    assert tc_commands("s1-eth1", 50.0, 100_000, Netem()) == cmds   # nothing asked: same
+
+
+def test_netem_goes_to_the_root_and_the_byte_queue_stays_the_leaf():
+    cmds = tc_commands("s1-eth1", 100.0, 80_000, Netem(10, 2, 0.5))
+    assert cmds[0].startswith("tc qdisc add dev s1-eth1 root handle 2: netem limit ")
+    assert cmds[0].endswith(" delay 10ms 2ms loss 0.5%")
+    # htb under netem keeps handle 1: and class 1:1 (the streaming kind changes its rate),
+    # and the leaf 10: keeps the configured BYTE limit (the ECN marker replaces it).
+    assert cmds[1] == "tc qdisc add dev s1-eth1 parent 2:1 handle 1: htb default 1"
+    assert cmds[2].startswith("tc class add dev s1-eth1 parent 1: classid 1:1 htb rate 100.0mbit")
+    assert cmds[3] == "tc qdisc add dev s1-eth1 parent 1:1 handle 10: bfifo limit 80000"
+    assert not any("limit 53" in c for c in cmds)     # no packet limit derived from bytes
+
+
+@pytest.mark.parametrize("netem, args", [
+    (Netem(delay_ms=1), "delay 1ms"),
+    (Netem(delay_ms=0.25, jitter_ms=0.1), "delay 0.25ms 0.1ms"),
+    (Netem(loss_pct=1), "loss 1%"),
+])
+def test_netem_arguments(netem, args):
+    assert netem.active and netem.args() == args
+
+
+def test_netem_time_line_holds_a_fan_in_of_the_link_rate_for_the_delay():
+    assert netem_limit_packets(100.0, Netem(delay_ms=1)) == 1000          # netem's default
+    # 16 x 12.5 MB/s x 20 ms / 1500 B
+    assert netem_limit_packets(100.0, Netem(delay_ms=20)) == math.ceil(16 * 12.5e6 * 0.02 / 1500)
+    assert netem_limit_packets(100.0, Netem(delay_ms=20, jitter_ms=20)) > \
+        netem_limit_packets(100.0, Netem(delay_ms=20))
+
+
+@pytest.mark.parametrize("values, field", [
+    ({"delay_ms": -1}, "t.delay_ms"),
+    ({"delay_ms": "5ms"}, "t.delay_ms"),
+    ({"delay_ms": True}, "t.delay_ms"),
+    ({"delay_ms": float("nan")}, "t.delay_ms"),
+    ({"delay_ms": 5000}, "t.delay_ms"),
+    ({"jitter_ms": None}, "t.jitter_ms"),
+    ({"delay_ms": 1, "jitter_ms": 2}, "t.jitter_ms"),
+    ({"loss_pct": 100}, "t.loss_pct"),
+    ({"loss_pct": -0.1}, "t.loss_pct"),
+])
+def test_bad_netem_values_are_refused_naming_the_field(values, field):
+    with pytest.raises(TopologyError) as exc:
+        check_netem(FIELDS, **values)
+    assert exc.value.field == field
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"type": "leafspine", "link_delay_ms": -2}, "topology.link_delay_ms"),
+    ({"type": "fattree", "link_jitter_ms": 1}, "topology.link_jitter_ms"),
+    ({"type": "fattree", "link_loss_pct": "lots"}, "topology.link_loss_pct"),
+    ({"type": "streaming-edge", "wan_delay_ms": -10}, "topology.wan_delay_ms"),
+])
+def test_bad_link_netem_in_a_topology_is_refused_naming_the_field(spec, field):
+    with pytest.raises(TopologyError) as exc:
+        make_topology(spec)
+    assert exc.value.field == field
+
+
+def test_link_delay_is_on_fabric_links_only_and_recorded():
+    d = describe(make_topology({"type": "leafspine", "link_delay_ms": 2, "link_loss_pct": 0.1}))
+    assert d["params"]["link_delay_ms"] == 2.0 and d["params"]["link_loss_pct"] == 0.1
+    hosts = {h["name"] for h in d["hosts"]}
+    for ln in d["links"]:
+        host_link = ln["a"] in hosts or ln["b"] in hosts
+        assert ln["delay_ms"] == (0.0 if host_link else 2.0), ln
+
+
+def test_default_topologies_ask_for_no_netem():
+    for spec in ({"type": "leafspine"}, {"type": "fattree"}):
+        d = describe(make_topology(spec))
+        assert {ln["delay_ms"] for ln in d["links"]} == {0.0}
+        refuse_without_netem(d, netem=False)          # nothing asked: nothing refused
+
+
+def test_without_netem_a_delay_is_refused_before_anything_starts():
+    d = describe(make_topology({"type": "fattree", "link_loss_pct": 0.5}))
+    with pytest.raises(MachineError) as exc:
+        refuse_without_netem(d, netem=False)
+    assert exc.value.field == "topology.link_loss_pct" and "netem" in exc.value.message
+    refuse_without_netem(d, netem=True)
+
+
+def test_streaming_edge_asks_for_wan_delay_on_uplinks_only():
+    d = describe(make_topology({"type": "streaming-edge"}))
+    assert d["params"]["wan_delay_ms"] == DEFAULT_WAN_DELAY_MS
+    by_role = {}
+    for ln in d["router_links"]:
+        by_role.setdefault(ln["role"], set()).add(ln["wan_delay_ms"])
+    assert by_role["uplink"] == {DEFAULT_WAN_DELAY_MS}
+    assert by_role["core"] == {0.0} and by_role["access"] == {0.0}
+    # WAN delay is applied where netem exists, so it is never refused up front
+    refuse_without_netem(d, netem=False)
+
+
+def test_root_netem_delay_is_read_back_from_tc_json():
+    netem = [{"kind": "netem", "handle": "2:", "root": True,
+              "options": {"limit": 1000, "delay": {"delay": 0.01, "jitter": 0,
+                                                   "correlation": 0}}},
+             {"kind": "htb", "handle": "1:", "parent": "2:1"}]
+    assert root_netem_delay_ms(netem) == pytest.approx(10.0)
+    assert root_netem_delay_ms([{"kind": "htb", "handle": "1:", "root": True}]) is None
+    assert root_netem_delay_ms([{"kind": "netem", "root": True, "options": {"limit": 1000}}]) \
+        is None
+
+
+def test_wan_fidelity_says_what_the_uplinks_got():
+    fid, note = wan_fidelity(10.0, {"a->b": 10.0, "b->a": 10.0})
+    assert fid["wan_delay"] == "netem" and fid["wan_delay_ms"] == [10.0] and note is None
+    fid, note = wan_fidelity(10.0, {"a->b": None, "b->a": None})
+    assert fid["wan_delay"] == "none (no netem)" and "no netem" in note
+    fid, note = wan_fidelity(10.0, {"a->b": 10.0, "b->a": None})
+    assert fid["wan_delay"] == "partial" and "b->a" in note
+    fid, note = wan_fidelity(0.0, {"a->b": None})
+    assert fid["wan_delay"] == "none (not asked)" and note is None
