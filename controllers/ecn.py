@@ -89,6 +89,32 @@ class Marking:
         return self.kmin_bytes == self.kmax_bytes and self.pmax == 1.0
 
 
+#: DCTCP's rule for its step threshold (Alizadeh et al., "Data Center TCP", SIGCOMM 2010,
+#: section 3.4; RFC 8257 discusses it): K > C x RTT / 7 keeps the queue from running dry
+#: when every sender cuts its window at once, with C the bottleneck rate and RTT the flows'.
+DCTCP_K_DIVISOR = 7
+#: A K below one full-size frame marks every queued packet, and RED cannot express it (its
+#: smallest threshold is one avpkt).
+DCTCP_K_FLOOR_BYTES = 1500
+
+
+def dctcp_k_bytes(rate_bps: float, rtt_s: float) -> tuple[int, dict[str, Any]]:
+    """The step threshold DCTCP's guidance gives for a port of ``rate_bps`` carrying flows of
+    round-trip time ``rtt_s``: the smallest whole number of bytes above C x RTT / 7, at least
+    DCTCP_K_FLOOR_BYTES. Returns K and why (for the result)."""
+    if isinstance(rate_bps, bool) or not isinstance(rate_bps, int | float) or \
+            not 0 < rate_bps < math.inf:
+        raise ValueError(f"rate_bps: must be a positive rate, not {rate_bps!r}")
+    if isinstance(rtt_s, bool) or not isinstance(rtt_s, int | float) or not 0 < rtt_s < 60:
+        raise ValueError(f"rtt_s: must be a round-trip time in (0, 60) s, not {rtt_s!r}")
+    bound = rate_bps / 8 * rtt_s / DCTCP_K_DIVISOR
+    k = max(DCTCP_K_FLOOR_BYTES, math.floor(bound) + 1)
+    return k, {"rule": "K > C*RTT/7 (Alizadeh et al., SIGCOMM 2010; RFC 8257)",
+               "rate_bps": rate_bps, "rtt_ms": round(rtt_s * 1000, 4),
+               "bound_bytes": round(bound, 1), "floor_bytes": DCTCP_K_FLOOR_BYTES,
+               "k_bytes": k}
+
+
 def htb_burst_bytes(rate_bps: int) -> int:
     """The htb burst lab/links.py gives a port: 2 ms at the rate, at least one TSO
     super-packet. (Repeated here: the controller cannot import the lab, which needs

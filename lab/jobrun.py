@@ -10,6 +10,7 @@ counter once the queues have drained; stop what the phase started.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import random
@@ -35,6 +36,34 @@ from lab.traffic import FlowSpec
 SPORT_RANGE = range(20000, 32000)
 TCP_COUNTERS = {"TcpExt": ("TCPTimeouts", "TCPLossProbes", "TCPFastRetrans"),
                 "Tcp": ("RetransSegs", "OutSegs")}
+#: Congestion controls whose receiver has a part to play: a DCTCP receiver echoes CE per
+#: packet (RFC 8257, section 3.2) instead of RFC 3168's "ECE until CWR". Accepted sockets
+#: take their namespace's default, so the job's hosts default to it for the phase (which
+#: the kernel allows in a namespace only for a congestion control on its allowed list).
+RECEIVER_CC = ("dctcp",)
+#: Pings per sender when the base RTT is measured for DCTCP's K: the smallest of these is
+#: the RTT without queueing.
+RTT_PINGS = 10
+
+
+def _read_proc(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def parse_ping_min_ms(text: str) -> float | None:
+    """The minimum RTT (ms) from ping's summary line (``rtt min/avg/max/mdev = a/b/c/d ms``),
+    or None when no reply came back."""
+    for line in text.splitlines():
+        head, sep, values = line.partition(" = ")
+        if sep and head.strip().endswith("min/avg/max/mdev"):
+            try:
+                return float(values.split("/")[0])
+            except ValueError:
+                return None
+    return None
 
 
 def tcp_counters(pid: int) -> dict[str, int]:
@@ -82,6 +111,8 @@ class JobRun:
             self.bw[(ln["a"], ln["b"])] = self.bw[(ln["b"], ln["a"])] = ln["bw_mbps"] * 1e6
         self.next_index = 0
         self.marked: set[str] = set()
+        #: Hosts whose namespace default congestion control a phase changed: what it was.
+        self.default_cc: dict[str, str] = {}
         self.work = fabric.run_dir / "job"
         for h in self.topo["hosts"]:
             # A GPU job's connections idle between steps; Linux would slow-start each step's
@@ -173,6 +204,77 @@ class JobRun:
             self.request({"cmd": "ecn", "ports": todo})
         self.marked = ports
         return body
+
+    def dctcp_k(self, pp: dict[str, Any], conns: list[Conn]
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The phase's parameters with ``ecn.k_bytes`` set by DCTCP's rule, and why.
+
+        C is the slowest marked port's configured rate; RTT is measured on the running
+        fabric (the emulator's own delay and any configured propagation delay alike): the
+        smallest of RTT_PINGS pings from each connection's sender to its receiver, the
+        largest of those over the connections (K must hold for the longest path).
+        """
+        from controllers.ecn import dctcp_k_bytes
+        rates = {p.intf: p.bw_mbps * 1e6 for p in self.ports}
+        rate = min(rates[i] for i in pp["ecn"]["ports"])
+        rtts = self.base_rtt_ms(conns)
+        if not rtts or any(v is None for v in rtts.values()):
+            lost = sorted(k for k, v in rtts.items() if v is None)
+            raise MachineError("ecn.k_rule", f"no ping reply on {', '.join(lost)}: the base "
+                               "RTT for DCTCP's K cannot be measured")
+        worst = max(rtts, key=lambda k: rtts[k] or 0.0)
+        k, why = dctcp_k_bytes(rate, (rtts[worst] or 0.0) / 1000)
+        why.update({"rtt_from": f"ping min of {RTT_PINGS}, largest over the job's "
+                                f"connections ({worst})",
+                    "rtt_ms_by_path": rtts, "rate_from": "slowest marked port"})
+        limit = min(p["queue_bytes"] for p in self.topo["links"]
+                    if any(f"{n}-eth{pt}" in pp["ecn"]["ports"]
+                           for n, pt in ((p["a"], p["a_port"]), (p["b"], p["b_port"]))))
+        if k >= limit:
+            why["note"] = (f"K {k} B is not below the port's queue ({limit} B): the queue "
+                           "drops before it marks")
+        out = copy.deepcopy(pp)
+        out["ecn"]["k_bytes"] = k
+        return out, why
+
+    def base_rtt_ms(self, conns: list[Conn]) -> dict[str, float | None]:
+        """{"src->dst": min ping RTT in ms (None: no reply)} over the connections, the
+        pings of all senders at once (each from its own namespace)."""
+        pairs = sorted({(c.spec.src, c.spec.dst, c.spec.dst_ip) for c in conns})
+        procs = [(f"{s}->{d}", self.host(s).popen(
+            ["ping", "-n", "-q", "-c", str(RTT_PINGS), "-i", "0.05", "-W", "2", ip],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            for s, d, ip in pairs]
+        out: dict[str, float | None] = {}
+        for name, proc in procs:
+            try:
+                text, _ = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                text, _ = proc.communicate()
+            out[name] = parse_ping_min_ms(text or "")
+        return out
+
+    def set_default_cc(self, pp: dict[str, Any], hosts: list[str]) -> None:
+        """The job's hosts' namespace default congestion control, for the sockets they
+        accept: the job's when its receiver has a part (RECEIVER_CC), else as it was."""
+        cc = pp["job"]["cc"]
+        wanted = set(hosts) if cc in RECEIVER_CC else set()
+        for h in sorted(wanted | set(self.default_cc)):
+            node = self.host(h)
+            if h in wanted:
+                if h not in self.default_cc:
+                    self.default_cc[h] = node.cmd(
+                        "sysctl -n net.ipv4.tcp_congestion_control").strip()
+                want = cc
+            else:
+                want = self.default_cc.pop(h)
+            out = node.cmd(f"sysctl -qw net.ipv4.tcp_congestion_control={want} 2>&1; "
+                           "echo __rc=$?")
+            text, _, rc = out.rpartition("__rc=")
+            if rc.strip() != "0":
+                raise MachineError("job.cc", f"{h}: cannot make {want} its namespace's "
+                                   f"default: {text.strip()}")
 
     def ecn_counters(self) -> dict[str, dict[str, int]]:
         if not self.marked and self.plan.env.ecn == "none":
@@ -348,7 +450,11 @@ class JobRun:
         sconns = self.storage_conns(pp, hosts)
         all_conns = conns + sconns
         pinned = self.set_paths(pp, conns)
+        k_rule = None
+        if pp["ecn"]["k_rule"] == "dctcp" and pp["ecn"]["marking"] == "step":
+            pp, k_rule = self.dctcp_k(pp, conns)
         marking = self.set_marking(pp, where)
+        self.set_default_cc(pp, hosts)
         ecn_flag = 1 if job["ecn"] else 0
         for h in {*hosts, *pp["storage"]["hosts"]}:
             self.host(h).cmd(f"sysctl -qw net.ipv4.tcp_ecn={ecn_flag}")
@@ -440,6 +546,9 @@ class JobRun:
         metrics["ce_marked"] = sum(ln["ce_marked"] for ln in links)
         metrics["marking"] = {"mechanism": self.plan.env.ecn, "config": marking,
                               "ports": sorted(self.marked)}
+        if k_rule is not None:
+            metrics["marking"]["k_rule"] = k_rule
+        metrics["cc"] = job["cc"]
         metrics["paths"] = pp["placement"]["paths"]
         by_tuple = {(f["src_ip"], f["sport"], f["dst_ip"], f["dport"]): f["id"] for f in flows}
         metrics["pins"] = [{"flow": by_tuple.get((p["src"], p["sport"], p["dst"], p["dport"])),
@@ -535,10 +644,16 @@ def _load(path: Path) -> dict[str, Any]:
 def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
     from lab import run as runmod
     phases_pp = kind.check(plan_.params, plan_.topo_desc)
+    skipped = kind.phases_to_skip(plan_.params, phases_pp, plan_.env.congestion_controls)
+    phases_pp = {n: pp for n, pp in phases_pp.items() if n not in skipped}
     for name, pp in phases_pp.items():
-        if pp["job"]["cc"] not in plan_.env.congestion_controls:
-            raise MachineError("job.cc", f"{pp['job']['cc']} is not in this kernel (it has: "
-                               f"{', '.join(plan_.env.congestion_controls)}); phase {name}")
+        if pp["job"]["cc"] in RECEIVER_CC:
+            allowed = _read_proc("/proc/sys/net/ipv4/tcp_allowed_congestion_control").split()
+            if pp["job"]["cc"] not in allowed:
+                raise MachineError("job.cc", f"{pp['job']['cc']} is in this kernel but not "
+                                   "allowed in network namespaces (net.ipv4.tcp_allowed_"
+                                   "congestion_control; `make setup` allows every available "
+                                   f"one); phase {name}")
         if kind.check_marking(pp["ecn"], "ecn") and plan_.env.ecn == "none":
             raise MachineError("ecn.marking", "this machine has no ECN marking mechanism "
                                "(RED, or clang and bpftool for the tc-BPF marker)")
@@ -563,21 +678,25 @@ def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
                                 ignore=shutil.ignore_patterns("*.pcap"))
     timings = {k: round(v, 3) for k, v in fabric.timings.items()}
     timings["wall_s"] = round(time.monotonic() - t_run, 3)
-    result = assemble(plan_, phases, loss, timings)
+    result = assemble(plan_, phases, loss, timings, skipped)
     runmod.write_result(result, out_dir)
     return result
 
 
 def assemble(plan_: Any, phases: dict[str, Any], loss: float,
-             timings: dict[str, Any]) -> dict[str, Any]:
+             timings: dict[str, Any], skipped: dict[str, str] | None = None) -> dict[str, Any]:
     """result.json: top-level links, flows and metrics are the first phase's (the problem
-    the scenario shows); ``metrics.phases`` and ``phase_details`` hold every phase."""
+    the scenario shows); ``metrics.phases`` and ``phase_details`` hold every phase that ran,
+    ``metrics.phases_skipped`` why the others did not."""
+    skipped = skipped or {}
     first = next(iter(phases))
     main = phases[first]
     metrics = dict(main["metrics"])
     metrics["phases"] = {n: p["metrics"] for n, p in phases.items()}
     metrics["pingall_loss_pct"] = loss
+    metrics["phases_skipped"] = dict(skipped)
     notes = list(plan_.env.notes)
+    notes += [f"{n}: {why}" for n, why in skipped.items()]
     for n, p in phases.items():
         m = p["metrics"]
         if m["cpu_idle_min_pct"] < kind.MIN_CPU_IDLE_PCT:

@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from lab.errors import ScenarioError
+from lab.errors import MachineError, ScenarioError
 from lab.kinds.ecmp import check_fabric, edge_switches, hosts_of
 from lab.scenario import Param
 from lab.traffic import FlowSpec
@@ -55,6 +55,7 @@ SCHEMA: dict[str, Param] = {
     "storage.every_s": Param(float, 0.1, 600),
     "storage.first_at_s": Param(float, 0, 600),
     "ecn.marking": Param(str, choices=("off", "step", "red")),
+    "ecn.k_rule": Param(str, choices=("fixed", "dctcp")),
     "ecn.ports": Param(list),
     "ecn.k_bytes": Param(int, -(1 << 31), 1 << 31),
     "ecn.kmin_bytes": Param(int, -(1 << 31), 1 << 31),
@@ -74,8 +75,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "placement": {"hosts": "packed", "paths": "hash", "receiver": ""},
     "storage": {"mode": "off", "hosts": [], "read_mbps": 1.0, "checkpoint_bytes": 2 << 20,
                 "every_s": 2.5, "first_at_s": 1.0},
+    # k_rule "fixed": step at k_bytes; "dctcp": step at the K DCTCP's guidance gives for the
+    # marked port's rate and the job's measured RTT (controllers.ecn.dctcp_k_bytes).
     "ecn": {"marking": "off", "ports": [], "k_bytes": 30_000, "kmin_bytes": 20_000,
-            "kmax_bytes": 80_000, "pmax": 0.2},
+            "kmax_bytes": 80_000, "pmax": 0.2, "k_rule": "fixed"},
     "microburst": {"senders": 0, "count": 60, "size": 1000, "bursts": 3},
 }
 
@@ -191,11 +194,42 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
         check_marking({**pp["ecn"], "marking": marking}, where)
     if check_marking(pp["ecn"], where) is not None and not pp["ecn"]["ports"]:
         raise ScenarioError(f("ecn.ports"), "marking is on but no port is named")
+    if pp["ecn"]["k_rule"] == "dctcp" and pp["ecn"]["marking"] != "step":
+        raise ScenarioError(f("ecn.k_rule"), "DCTCP's rule gives a step threshold K; it "
+                            f"needs ecn.marking: step, not {pp['ecn']['marking']!r}")
     if pp["microburst"]["senders"] and job["pattern"] != "incast":
         raise ScenarioError(f("microburst.senders"), "micro-bursts go to the incast "
                             "receiver; set job.pattern: incast")
     if pp["microburst"]["senders"] > n - 1:
         raise ScenarioError(f("microburst.senders"), f"at most {n - 1} (the job's senders)")
+
+
+def phases_to_skip(params: dict[str, Any], phases: dict[str, dict[str, Any]],
+                   congestion_controls: list[str]) -> dict[str, str]:
+    """{phase: why it is skipped} for phases whose own ``job.cc`` this kernel lacks.
+
+    A phase that asks for a congestion control of its own (``phases.<name>.job.cc``, e.g. a
+    DCTCP phase next to cubic ones) is an extra where the kernel has it; the others still
+    compare. A congestion control the scenario itself asks for, or one that leaves no phase
+    to run, is an error (MachineError naming job.cc), not a skip.
+    """
+    raw = params.get("phases") or {}
+    have = ", ".join(congestion_controls)
+    skip: dict[str, str] = {}
+    for name, pp in phases.items():
+        cc = pp["job"]["cc"]
+        if cc in congestion_controls:
+            continue
+        own = ((raw.get(name) or {}).get("job") or {}).get("cc")
+        if own is None:
+            raise MachineError("job.cc", f"{cc} is not in this kernel (it has: {have}); "
+                               f"phase {name}")
+        skip[name] = f"skipped: this kernel has no {cc} (it has: {have})"
+    if skip and len(skip) == len(phases):
+        first = next(iter(skip))
+        raise MachineError(f"phases.{first}.job.cc", f"{phases[first]['job']['cc']} is not "
+                           f"in this kernel (it has: {have}) and no phase is left to run")
+    return skip
 
 
 def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -326,4 +360,5 @@ def execute(plan_: Any, out_dir: Any, progress: Any) -> dict[str, Any]:
 
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     from lab.jobmetrics import phase_line
-    return [(name, phase_line(mt)) for name, mt in result["metrics"]["phases"].items()]
+    rows = [(name, phase_line(mt)) for name, mt in result["metrics"]["phases"].items()]
+    return rows + list((result["metrics"].get("phases_skipped") or {}).items())
