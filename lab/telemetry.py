@@ -13,6 +13,8 @@ cannot afford: the spawns alone used up the CPU headroom a run's fidelity check 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import itertools
 import os
 import socket
@@ -59,7 +61,7 @@ _IFINFOMSG = struct.Struct("=BxHiII")       # family, type, ifindex, flags, chan
 _GNET_QUEUE = struct.Struct("=IIIII")       # qlen, backlog, drops, requeues, overlimits
 _LINK_STATS64 = struct.Struct("=8Q")        # rx/tx packets, rx/tx bytes, errors, dropped
 NLMSG_ERROR, NLMSG_DONE, NLM_F_DUMP_INTR = 2, 3, 0x10
-TCA_KIND, TCA_STATS2, TCA_STATS_QUEUE = 1, 7, 3
+TCA_STATS2, TCA_STATS_QUEUE = 7, 3
 IFLA_IFNAME, IFLA_OPERSTATE, IFLA_STATS64 = 3, 16, 23
 IF_OPER_UP = 6
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")       # the unit of /proc/<pid>/stat CPU times
@@ -210,6 +212,11 @@ def netns_inode(pid: int | None) -> int:
     return os.stat(f"/proc/{pid if pid is not None else 'self'}/ns/net").st_ino
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL("libc.so.6", use_errno=True)
+
+
 def _socket_in(pid: int | None) -> socket.socket:
     """A bound rtnetlink socket created inside the network namespace of ``pid``."""
     def make() -> socket.socket:
@@ -226,7 +233,8 @@ def _socket_in(pid: int | None) -> socket.socket:
 
     def enter() -> None:
         try:
-            netns.setns(fd, flags=0)     # this thread only; it ends right after
+            # libc named, not looked up: ctypes' find_library spawns ``ldconfig -p``.
+            netns.setns(fd, flags=0, libc=_libc())    # this thread only; it ends right after
             box["sock"] = make()
         except OSError as e:
             box["error"] = e
