@@ -1,14 +1,23 @@
 # FabricLab: `make demo` sets everything up (if missing) and runs the main scenario;
-# `make test` sets up and runs the whole test suite (what CI runs). Run as root.
+# `make test` sets up and runs the whole test suite; `make test-vm` runs the full-kernel lane
+# in a QEMU VM (CI runs both). Run as root.
 -include /etc/fabriclab/env
 VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: setup demo test unit lint bench clean
+.PHONY: setup vm-setup demo test test-vm unit lint bench clean
 
 setup:
 	bash lab/setup.sh
+
+# The full-kernel lane: QEMU and mmdebstrap on this machine, then a Debian 12 VM built from
+# Debian's packages and provisioned by lab/provision.sh (the Vagrantfile's provisioner).
+vm-setup: setup
+	bash lab/setup.sh --vm-host
+
+test-vm: vm-setup
+	$(PY) -m pytest -m vm tests/vm
 
 demo: setup
 	$(VENV)/bin/fabriclab run ecmp-basic

@@ -1,4 +1,4 @@
-"""``fabriclab``: list, run, regress, report, compare, clean, topo, diagnose, doctor.
+"""``fabriclab``: list, run, regress, report, compare, clean, topo, diagnose, doctor, vm.
 
 Every bad input ends here as one line naming the field and exit status 2, with nothing
 started (validation happens before bring-up) or left behind (teardown runs on every path).
@@ -203,6 +203,49 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_args(args: argparse.Namespace) -> list[str]:
+    """``fabriclab run``'s options as given, to hand to the same command elsewhere."""
+    out = [args.scenario]
+    for flag in ("policy", "duration", "seed", "controller"):
+        value = getattr(args, flag)
+        if value is not None:
+            out += [f"--{flag}", str(value)]
+    for item in args.set:
+        out += ["--set", item]
+    return out
+
+
+def _cmd_vm(args: argparse.Namespace) -> int:
+    import shlex
+
+    from lab import run, vm
+    progress = (lambda msg: print(msg, flush=True))  # noqa: E731
+    try:
+        if args.vm_command == "build":
+            vm.build(progress, force=args.force)
+            return 0
+        if args.vm_command == "shell":
+            return vm.shell(Path(args.out) if args.out else run.default_out_dir("vm-shell"))
+        if args.vm_command == "exec":
+            if args.cmd[:1] == ["--"]:
+                args.cmd = args.cmd[1:]
+            if not args.cmd:
+                from lab.errors import ScenarioError
+                raise ScenarioError("vm exec", "give a command: fabriclab vm exec -- CMD ...")
+            out = Path(args.out) if args.out else None
+            return vm.execute(shlex.join(args.cmd), out, progress)
+        # run: the same input checks as `fabriclab run`, before anything boots.
+        run.check_input(args.scenario, args.policy, args.set, args.duration, args.seed)
+        out = Path(args.out) if args.out else run.default_out_dir(args.scenario)
+        job = shlex.join(["fabriclab", "run", *_run_args(args), "--out", "/mnt/out"])
+        rc = vm.execute(job, out, progress)
+        print(f"results: {out}")
+        return rc
+    except vm.VmBootError as exc:
+        print("\n".join(f"  console: {ln}" for ln in exc.console_tail), file=sys.stderr)
+        raise
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fabriclab", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -289,6 +332,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--phase", help="a phase of a phased run (default: its incident)")
     g.add_argument("--json", action="store_true")
     g.set_defaults(func=_cmd_diagnose)
+
+    v = sub.add_parser("vm", help="a full-kernel Debian 12 VM on this machine (QEMU): OVS "
+                                  "kernel datapath, netem, RED, DCTCP")
+    vsub = v.add_subparsers(dest="vm_command", required=True)
+    vb = vsub.add_parser("build", help="build the VM image (cached; rebuilt when its inputs "
+                                       "change)")
+    vb.add_argument("--force", action="store_true", help="rebuild even when cached")
+    vr = vsub.add_parser("run", help="run a scenario in the VM on this checkout; results to "
+                                     "--out on this machine")
+    vr.add_argument("scenario")
+    vr.add_argument("--policy")
+    vr.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    vr.add_argument("--duration", type=float)
+    vr.add_argument("--seed", type=int)
+    vr.add_argument("--out", help="result directory on this machine")
+    vr.add_argument("--controller", choices=("os-ken", "ryu"))
+    ve = vsub.add_parser("exec", help="run a command in the VM (in the checkout, after "
+                                      "set-up); its output and exit status come back")
+    ve.add_argument("--out", help="a folder on this machine the guest sees as /mnt/out")
+    ve.add_argument("cmd", nargs=argparse.REMAINDER)
+    vs = vsub.add_parser("shell", help="a root shell on the VM's console (for a class)")
+    vs.add_argument("--out", help="a folder on this machine the guest sees as /mnt/out")
+    v.set_defaults(func=_cmd_vm)
 
     d = sub.add_parser("doctor", help="what this kernel offers and what the lab will use")
     d.add_argument("--json", action="store_true")

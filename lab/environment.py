@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import platform
 import shutil
@@ -88,13 +89,15 @@ class Environment:
     runtimes: dict[str, str | None] = field(default_factory=dict)
     controller: str = ""               # runtime picked for this run, e.g. "os-ken 4.2.2"
     notes: list[str] = field(default_factory=list)
+    #: Set inside ``fabriclab vm``'s guest: accelerator (kvm/tcg), vCPUs, memory, image.
+    vm: dict[str, object] | None = None
 
     def as_result(self) -> dict[str, object]:
         """The ``environment`` block of result.json."""
         return {"datapath": self.datapath, "ecn": self.ecn, "delay": self.delay,
                 "controller": self.controller, "kernel": self.kernel,
                 "userspace_tso": self.userspace_tso,
-                "congestion_controls": self.congestion_controls}
+                "congestion_controls": self.congestion_controls, "vm": self.vm}
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -114,6 +117,30 @@ def pick_runtime(runtimes: dict[str, str | None], wanted: str | None) -> str:
         if runtimes.get(name):
             return name
     raise MachineError("controller", "neither os-ken nor Ryu is installed (run: make setup)")
+
+
+#: Set by ``fabriclab vm``'s guest job (lab/vm_guest.sh) to the VM's facts, as JSON.
+VM_ENV = "FABRICLAB_VM"
+
+
+def guest_vm() -> dict[str, object] | None:
+    """The VM this run is in, as ``fabriclab vm`` booted it; None on any other machine.
+
+    Only the host knows how the guest was booted (KVM or TCG, vCPUs), so it hands the facts
+    in; the guest adds its own kernel. A result from a VM must say so: under TCG every
+    process costs ~10x, which is what its fidelity numbers then describe.
+    """
+    raw = os.environ.get(VM_ENV)
+    if not raw:
+        return None
+    try:
+        facts = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(facts, dict):
+        return None
+    facts["guest_kernel"] = platform.release()
+    return facts
 
 
 def detect(runtime: str | None = None, probe_runtimes: bool = True) -> Environment:
@@ -153,7 +180,7 @@ def detect(runtime: str | None = None, probe_runtimes: bool = True) -> Environme
     env = Environment(kernel=platform.release(), datapath=dp, userspace_tso=tso, netem=netem,
                       red=red, ecn=ecn, delay="netem" if netem else "none",
                       congestion_controls=cc, dctcp="dctcp" in cc, runtimes=runtimes,
-                      notes=notes)
+                      notes=notes, vm=guest_vm())
     if probe_runtimes:
         chosen = pick_runtime(runtimes, runtime)
         env.controller = f"{chosen} {runtimes[chosen]}"

@@ -27,6 +27,11 @@ if [ "$(id -u)" != 0 ]; then
     exit 2
 fi
 
+# FABRICLAB_SETUP_ONLY=python: only the Python environments and the command (steps 4-5).
+# `fabriclab vm build` runs that natively in the image's file tree (a chroot, where the
+# machine-wide steps would touch the host's kernel and Open vSwitch); the provisioner then
+# runs whole in the booted guest and finds the environments in place.
+if [ "${FABRICLAB_SETUP_ONLY:-}" != python ]; then
 # --- 1. Debian packages --------------------------------------------------------------------
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -78,6 +83,7 @@ fi
 
 # --- 3. Open vSwitch, as this kernel allows ------------------------------------------------
 "$SYS_PY" "$REPO/lab/ovs_service.py" ensure
+fi
 
 # --- 4. Python environments ----------------------------------------------------------------
 # Main venv: Debian's Python with its site packages (Mininet), os-ken as the controller runtime.

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs INSIDE the VM guest (fabriclab vm exec), once per test session: every full-kernel
+# scenario the lane checks, one after another on one boot (a boot costs ~30 s under TCG).
+# Each step writes its result folder, log and exit status under $OUT; the host's tests read
+# them. A failing step does not stop the others.
+set -u
+OUT=${1:-/mnt/out}
+PY=$(. /etc/fabriclab/env && echo "$VENV")/bin/python
+step() {   # step NAME CMD...: run, log, keep the exit status
+    local name=$1; shift
+    local t0=$SECONDS
+    echo "== $name: $*"
+    "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "$rc" > "$OUT/$name.rc"
+    echo "== $name: exit $rc in $((SECONDS - t0)) s"
+}
+step doctor sh -c "fabriclab doctor --json > $OUT/doctor.json"
+for p in hash5 hash-l3 hash5-tier ovs-select; do
+    step "ecmp-$p" fabriclab run ecmp-basic --policy "$p" --seed 1 --duration 5 \
+        --out "$OUT/ecmp-$p"
+done
+step incast fabriclab run incast-ecn --out "$OUT/incast"
+step streaming fabriclab run streaming-incident --set phases=before-upgrade,incident \
+    --out "$OUT/streaming"
+step allreduce fabriclab run allreduce-ecmp --out "$OUT/allreduce"
+
+# kill -9 in the middle of a run's traffic, then `fabriclab clean`: nothing may be left.
+echo "== kill: a run killed in its traffic phase"
+fabriclab run ecmp-basic --policy hash5 --duration 60 --out "$OUT/killed" \
+    > "$OUT/killed.log" 2>&1 &
+victim=$!
+for _ in $(seq 240); do
+    grep -q "flows for" "$OUT/killed.log" 2>/dev/null && break
+    sleep 0.5
+done
+sleep 2
+before=$("$PY" -c 'import json; from tests.integration.support import lab_leftovers; print(json.dumps(lab_leftovers()))')
+kill -9 "$victim"
+wait "$victim" 2>/dev/null
+fabriclab clean > "$OUT/clean.log" 2>&1
+echo $? > "$OUT/clean.rc"
+after=$("$PY" -c 'import json; from tests.integration.support import lab_leftovers; print(json.dumps(lab_leftovers()))')
+printf '{"before": %s, "after": %s}\n' "$before" "$after" > "$OUT/kill.json"
+echo "== kill: done"

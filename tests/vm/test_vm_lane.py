@@ -1,0 +1,192 @@
+"""The lab on a full kernel, in a QEMU guest built from Debian's packages, with real packets.
+
+One guest session (``guest_session.sh``, one boot) runs every scenario the lane checks; the
+tests below read what it wrote. `fabriclab vm run` itself, a ``kill -9`` of the VM and a
+guest that does not boot are tested on their own boots.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from controllers import policies
+from controllers.policies.base import FlowKey
+from lab import state, vm
+from lab.result import validate
+from tests.integration.support import check_links_agree_with_flows, run_result
+from tests.vm.conftest import CLI, REPO, fabriclab, load
+
+#: Controller-decided policies: the path is a function of the 5-tuple and the seed, so the
+#: kernel datapath and the userspace one must put every flow on the same spine.
+DECIDED = ("hash5", "hash-l3", "hash5-tier")
+
+
+@pytest.fixture(scope="module")
+def session(vm_image, tmp_path_factory) -> Path:
+    """Everything guest_session.sh wrote, after one boot."""
+    out = tmp_path_factory.mktemp("guest")
+    r = fabriclab("vm", "exec", "--out", str(out), "--", "bash",
+                  "tests/vm/guest_session.sh", "/mnt/out", timeout=3600)
+    assert "== kill: done" in r.stdout
+    return out
+
+
+def guest_result(session: Path, name: str) -> dict:
+    rc = int((session / f"{name}.rc").read_text())
+    log = (session / f"{name}.log").read_text()
+    assert rc == 0, log[-3000:]
+    return load(session / name / "result.json")
+
+
+def test_image_is_cached_and_provisioned_by_the_vagrant_provisioner(vm_image):
+    assert vm_image["key"] == vm.image_key()
+    assert vm_image["kernel"].startswith("6.1.")
+    assert "provision_s" in vm_image["timings"]
+    r = fabriclab("vm", "build", timeout=120)
+    assert "cached" in r.stdout
+
+
+def test_doctor_in_the_guest_shows_the_full_kernel(session):
+    doc = load(session / "doctor.json")
+    assert doc["datapath"] == "kernel"
+    assert doc["netem"] and doc["delay"] == "netem"
+    assert doc["red"] and doc["ecn"] == "red"
+    assert doc["dctcp"] and {"reno", "cubic", "dctcp"} <= set(doc["congestion_controls"])
+    assert doc["vm"]["accelerator"] in ("kvm", "tcg")
+    assert doc["vm"]["guest_kernel"].startswith("6.1.")
+
+
+@pytest.mark.parametrize("policy", [*DECIDED, "ovs-select"])
+def test_ecmp_basic_on_the_kernel_datapath(session, policy):
+    r = guest_result(session, f"ecmp-{policy}")
+    assert validate(r) == []
+    env = r["environment"]
+    assert env["datapath"] == "kernel" and env["ecn"] == "red" and env["delay"] == "netem"
+    assert env["vm"]["accelerator"] in ("kvm", "tcg") and env["vm"]["vcpus"] == vm.VCPUS
+    assert r["metrics"]["pingall_loss_pct"] == 0
+    assert len(r["flows"]) == 8
+    for f in r["flows"]:
+        assert f["path_clean"], f
+        assert f["path"][0] == "leaf1" and f["path"][-1] == "leaf2" and len(f["path"]) == 3
+        assert f["bytes"] > 0 and f["error"] is None
+    # per-link bytes agree with per-flow bytes on the kernel datapath too
+    problems = check_links_agree_with_flows(r)
+    assert not problems, problems
+    if policy in DECIDED:
+        pol = policies.get(policy)(seed=r["seed"])
+        port_peer = {ln["a_port"]: ln["b"] for ln in r["topology"]["links"]
+                     if ln["a"] == "leaf1" and ln["b"].startswith("spine")}
+        for f in r["flows"]:
+            key = FlowKey(f["src_ip"], f["dst_ip"], 6, f["sport"], f["dport"])
+            assert f["path"][1] == port_peer[pol.choose(key, "leaf1", sorted(port_peer))], f
+
+
+@pytest.mark.parametrize("policy", DECIDED)
+def test_the_two_datapaths_agree(session, tmp_path, policy):
+    """Same scenario and seed on this machine's userspace datapath: same path per flow,
+    same flows per uplink, goodput and imbalance within the stated tolerances."""
+    guest = guest_result(session, f"ecmp-{policy}")
+    host = run_result(tmp_path, "--policy", policy, "--seed", "1", "--duration", "5")
+    assert host["environment"]["datapath"] in ("user", "kernel")
+    path = {(f["src"], f["sport"]): f["path"] for f in host["flows"]}
+    assert {(f["src"], f["sport"]): f["path"] for f in guest["flows"]} == path
+    gm, hm = guest["metrics"], host["metrics"]
+    assert gm["flows_per_uplink"] == hm["flows_per_uplink"]
+    # Same placement, so the same bottlenecks: goodput within 10 % of offered load, the
+    # imbalance (from bytes) within 0.1 (the offline-vs-emulated tolerance).
+    offered = hm["offered_bps"]
+    assert abs(gm["aggregate_goodput_bps"] - hm["aggregate_goodput_bps"]) <= 0.10 * offered
+    assert gm["imbalance"] == pytest.approx(hm["imbalance"], abs=0.1)
+
+
+def test_ovs_select_uses_the_kernel_datapath_hash(session):
+    """ovs-select's choice is the datapath's own hash: it may differ from the userspace
+    one; the split is recorded (README), and every flow still has one clean path."""
+    r = guest_result(session, "ecmp-ovs-select")
+    assert sum(r["metrics"]["flows_per_uplink"].values()) == 8
+
+
+def test_incast_ecn_red_marks_on_the_wire(session):
+    r = guest_result(session, "incast")
+    assert r["environment"]["ecn"] == "red"
+    phases = r["metrics"]["phases"]
+    assert phases["ecn"]["ce_marked"] > 0, phases["ecn"]
+    assert phases["tail-drop"].get("ce_marked", 0) == 0
+    if "dctcp" in phases:
+        assert phases["dctcp"]["ce_marked"] > 0
+
+
+def test_streaming_incident_two_phases_with_wan_delay(session):
+    r = guest_result(session, "streaming")
+    assert r["environment"]["datapath"] == "kernel"
+    assert set(r["metrics"]["phases"]) == {"before-upgrade", "incident"}
+
+
+def test_allreduce_on_the_kernel_datapath(session):
+    r = guest_result(session, "allreduce")
+    assert r["environment"]["datapath"] == "kernel"
+    assert r["metrics"]["phases"]
+
+
+def test_kill_9_in_the_guest_then_clean(session):
+    k = load(session / "kill.json")
+    assert k["before"]["bridges"] and k["before"]["processes"], k
+    assert not any(k["after"].values()), k
+    assert int((session / "clean.rc").read_text()) == 0
+    assert "removed run" in (session / "clean.log").read_text()
+
+
+def test_vm_run_passes_exit_status_summary_and_progress(vm_image, tmp_path):
+    out = tmp_path / "out"
+    r = fabriclab("vm", "run", "ecmp-basic", "--policy", "hash5", "--seed", "2",
+                  "--duration", "4", "--out", str(out), timeout=1800)
+    assert "vm: booting" in r.stdout and "guest ready" in r.stdout
+    assert "flows for 4 s" in r.stdout                      # progress from the guest
+    assert "datapath=kernel" in r.stdout and "fidelity" in r.stdout   # its summary
+    res = load(out / "result.json")
+    assert res["environment"]["vm"]["accelerator"] in ("kvm", "tcg")
+    assert res["seed"] == 2
+    bad = fabriclab("vm", "run", "ecmp-basic", "--set", "topology.spines=0", check=False)
+    assert bad.returncode == 2 and "topology.spines" in bad.stderr
+    assert "booting" not in bad.stdout
+
+
+def test_a_failing_command_passes_its_exit_status(vm_image):
+    r = fabriclab("vm", "exec", "--", "sh", "-c", "echo from-the-guest; exit 7", check=False)
+    assert r.returncode == 7 and "from-the-guest" in r.stdout
+
+
+def test_kill_9_of_the_vm_then_clean(vm_image, tmp_path):
+    proc = subprocess.Popen([*CLI, "vm", "exec", "--", "sleep", "600"], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "guest ready" in line:
+            break
+    qemu = [int(p["pid"]) for rec in state.stale_records()[1]
+            for p in rec.pids if p["what"] == "qemu"]
+    assert qemu
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert os.path.exists(f"/proc/{qemu[0]}")          # QEMU outlived its owner
+    fabriclab("clean")
+    time.sleep(0.5)
+    assert not os.path.exists(f"/proc/{qemu[0]}")
+    assert not any((vm.CACHE_DIR / "boots").iterdir())
+
+
+def test_a_guest_that_does_not_boot_shows_its_console(vm_image):
+    env = {**os.environ, "FABRICLAB_VM_BOOT_TIMEOUT": "8"}
+    r = subprocess.run([*CLI, "vm", "exec", "--", "true"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    print(r.stdout, r.stderr, file=sys.stderr)
+    assert r.returncode == 2
+    assert "did not boot within 8 s" in r.stderr
+    assert "console:" in r.stderr                      # the last console lines
