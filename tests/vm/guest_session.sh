@@ -16,6 +16,8 @@ step() {   # step NAME CMD...: run, log, keep the exit status
     echo "== $name: exit $rc in $((SECONDS - t0)) s"
 }
 step doctor sh -c "fabriclab doctor --json > $OUT/doctor.json"
+step guest-tests "$PY" -m pytest -q -p no:cacheprovider tests/guest \
+    --junitxml="$OUT/guest-junit.xml"
 for p in hash5 hash-l3 hash5-tier ovs-select; do
     step "ecmp-$p" fabriclab run ecmp-basic --policy "$p" --seed 1 --duration 5 \
         --out "$OUT/ecmp-$p"

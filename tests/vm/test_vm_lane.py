@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -113,20 +114,44 @@ def test_ovs_select_uses_the_kernel_datapath_hash(session):
     assert sum(r["metrics"]["flows_per_uplink"].values()) == 8
 
 
-def test_incast_ecn_red_marks_on_the_wire(session):
+def test_link_paths_in_the_guest(session):
+    """tests/guest (delay = RTT, byte queue under netem, telemetry's queue) ran in the
+    guest, every test passed and none skipped: the guest has netem."""
+    suite = ET.parse(session / "guest-junit.xml").getroot().find("testsuite")
+    assert suite is not None
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    print(counts, (session / "guest-tests.log").read_text()[-3000:])
+    assert counts["tests"] >= 5 and counts["failures"] == counts["errors"] == 0, counts
+    assert counts["skipped"] == 0, counts
+
+
+def test_incast_ecn_red_and_dctcp(session):
+    """RED programmed by the controller marks on the wire; the dctcp phase (K from DCTCP's
+    rule for the rate and the measured RTT) retransmits less than tail-drop."""
     r = guest_result(session, "incast")
     assert r["environment"]["ecn"] == "red"
-    phases = r["metrics"]["phases"]
-    assert phases["ecn"]["ce_marked"] > 0, phases["ecn"]
-    assert phases["tail-drop"].get("ce_marked", 0) == 0
-    if "dctcp" in phases:
-        assert phases["dctcp"]["ce_marked"] > 0
+    ph = r["metrics"]["phases"]
+    assert set(ph) == {"tail-drop", "ecn", "dctcp"} and not r["metrics"]["phases_skipped"]
+    k = ph["dctcp"]["marking"]["k_rule"]
+    print(f"K {k['k_bytes']} B from rate {k['rate_bps']} and RTT {k['rtt_ms']} ms; retransmits"
+          f" tail-drop {ph['tail-drop']['retransmits']}, ecn {ph['ecn']['retransmits']}, "
+          f"dctcp {ph['dctcp']['retransmits']}; CE on the wire: ecn "
+          f"{ph['ecn']['wire']['ecn']['ce']}, dctcp {ph['dctcp']['wire']['ecn']['ce']}")
+    assert k["k_bytes"] > k["rate_bps"] / 8 * k["rtt_ms"] / 1000 / 7
+    assert ph["dctcp"]["cc"] == "dctcp" and ph["dctcp"]["errors"] == []
+    assert ph["ecn"]["ce_marked"] > 0 and ph["dctcp"]["ce_marked"] > 0
+    assert ph["tail-drop"].get("ce_marked", 0) == 0
+    assert ph["ecn"]["wire"]["ecn"]["ce"] > 0 and ph["dctcp"]["wire"]["ecn"]["ce"] > 0
+    assert ph["dctcp"]["retransmits"] < ph["tail-drop"]["retransmits"]
 
 
 def test_streaming_incident_two_phases_with_wan_delay(session):
     r = guest_result(session, "streaming")
     assert r["environment"]["datapath"] == "kernel"
     assert set(r["metrics"]["phases"]) == {"before-upgrade", "incident"}
+    fid = r["fidelity"]
+    assert fid["wan_delay"] == "netem", fid
+    assert fid["wan_delay_ms"] == [r["topology"]["params"]["wan_delay_ms"]]
 
 
 def test_allreduce_on_the_kernel_datapath(session):
