@@ -66,6 +66,7 @@ IFLA_IFNAME, IFLA_OPERSTATE, IFLA_STATS64 = 3, 16, 23
 IF_OPER_UP = 6
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")       # the unit of /proc/<pid>/stat CPU times
 TC_H_ROOT = 0xFFFFFFFF                      # a root qdisc's parent
+BYTE_QUEUE_HANDLE = 0x000A0000              # "10:", the byte queue of every lab link
 NLA_TYPE_MASK = 0x3FFF                      # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 
 
@@ -186,13 +187,19 @@ class Netlink:
         return out
 
     def qdiscs(self) -> dict[str, tuple[int, int]]:
-        """{dev: (drops, backlog bytes)} of each root qdisc, as ``tc -s -j qdisc show``
-        prints them (its "root" entries; a classful root such as htb counts its children's
-        drops and backlog)."""
-        roots: list[tuple[int, int, int]] = []
+        """{dev: (drops, backlog bytes)} of each port's queue.
+
+        Drops are the root qdisc's, as ``tc -s -j qdisc show`` prints them: a classful root
+        (htb, or netem above htb on a link with delay) counts every drop below it. The
+        backlog is the byte queue's, the leaf with handle ``10:`` where the link has one:
+        under htb it equals the root's, but a root netem's backlog also holds the packets
+        on its delay line (a 20 ms line at 20 Mbit/s is 50 kB), which no queue holds.
+        """
+        roots: dict[int, tuple[int, int]] = {}
+        leaf: dict[int, int] = {}
         for _, buf, start, end in self._dump("qdisc"):
-            _, index, _, parent, _ = _TCMSG.unpack_from(buf, start)
-            if parent != TC_H_ROOT:
+            _, index, handle, parent, _ = _TCMSG.unpack_from(buf, start)
+            if parent != TC_H_ROOT and handle != BYTE_QUEUE_HANDLE:
                 continue
             drops = backlog = 0
             for kind, a, b in _attrs(buf, start + _TCMSG.size, end):
@@ -200,11 +207,14 @@ class Netlink:
                     for sub, qa, _qb in _attrs(buf, a, b):
                         if sub == TCA_STATS_QUEUE:
                             _, backlog, drops, _, _ = _GNET_QUEUE.unpack_from(buf, qa)
-            roots.append((index, drops, backlog))
-        if any(index not in self._names for index, _, _ in roots):
+            if parent == TC_H_ROOT:
+                roots[index] = (drops, backlog)
+            else:
+                leaf[index] = backlog
+        if any(index not in self._names for index in roots):
             self.links()
-        return {self._names[i]: (d, b) for i, d, b in roots if i in self._names}
-
+        return {self._names[i]: (d, leaf.get(i, b)) for i, (d, b) in roots.items()
+                if i in self._names}
 
 
 def netns_inode(pid: int | None) -> int:
