@@ -238,8 +238,11 @@ def _cmd_vm(args: argparse.Namespace) -> int:
         run.check_input(args.scenario, args.policy, args.set, args.duration, args.seed)
         out = Path(args.out) if args.out else run.default_out_dir(args.scenario)
         job = shlex.join(["fabriclab", "run", *_run_args(args), "--out", "/mnt/out"])
-        rc = vm.execute(job, out, progress)
-        print(f"results: {out}")
+        # The guest names its results by its own mount: say where they are here.
+        def sink(text: str) -> None:
+            sys.stdout.write(text.replace("/mnt/out", str(out)))
+            sys.stdout.flush()
+        rc = vm.execute(job, out, progress, sink=sink)
         return rc
     except vm.VmBootError as exc:
         print("\n".join(f"  console: {ln}" for ln in exc.console_tail), file=sys.stderr)

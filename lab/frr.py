@@ -479,7 +479,7 @@ def router_session(topo: BgpTopo, label: str, lock_wait_s: float = 0.0,
     exists, the run marker in the environment for every process started, teardown on
     normal exit, exceptions, Ctrl-C and SIGTERM; ``kill -9`` leaves the record for `clean`.
     """
-    from lab.run import require_root, signals_as_exit
+    from lab.run import require_root
     require_root()
     if not installed():
         raise MachineError("frr", "FRR is not installed (apt-get install frr; make setup)")
@@ -499,7 +499,7 @@ def router_session(topo: BgpTopo, label: str, lock_wait_s: float = 0.0,
     try:
         if on_record is not None:
             on_record(record)
-        with signals_as_exit():
+        with state.signals_as_exit():
             rnet.build()
             yield rnet
     finally:

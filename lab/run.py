@@ -12,7 +12,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -146,19 +145,6 @@ def make_plans(name: str, policy: str | None = None, sets: list[str] | None = No
             for p in given.policies]
 
 
-@contextmanager
-def signals_as_exit() -> Iterator[None]:
-    """SIGTERM and SIGHUP unwind the stack like Ctrl-C does, so teardown runs."""
-    def handler(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 def default_out_dir(scenario_name: str) -> Path:
     return Path("results") / f"{scenario_name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -179,7 +165,7 @@ def fabric_session(label: str, topo: Any, env: environment.Environment, runtime:
     record.save()
     fabric = Fabric(topo, env, runtime, policy, seed, work, record)
     try:
-        with signals_as_exit():
+        with state.signals_as_exit():
             yield fabric
     finally:
         fabric.stop()

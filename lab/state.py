@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,19 @@ from lab.errors import BusyError
 STATE_DIR = Path(os.environ.get("FABRICLAB_STATE", "/run/fabriclab"))
 RUN_ENV = "FABRICLAB_RUN"
 LOCK_WAIT_ENV = "FABRICLAB_LOCK_WAIT"
+
+
+@contextlib.contextmanager
+def signals_as_exit() -> Iterator[None]:
+    """SIGTERM and SIGHUP unwind the stack like Ctrl-C does, so a run's teardown runs."""
+    def handler(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def records_dir() -> Path:

@@ -32,7 +32,6 @@ import platform
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -326,7 +325,7 @@ def build(progress: Progress = print, force: bool = False) -> Image:
     os.environ[state.RUN_ENV] = run_id
     timings: dict[str, float] = {}
     try:
-        with _signals_as_exit():
+        with state.signals_as_exit():
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
             t = time.monotonic()
@@ -391,19 +390,6 @@ def state_root_check() -> None:
     if os.geteuid() != 0:
         raise MachineError("user", "fabriclab vm must run as root (it builds images and "
                            "records its processes; try: sudo fabriclab vm ...)")
-
-
-@contextlib.contextmanager
-def _signals_as_exit() -> Iterator[None]:
-    """SIGTERM and SIGHUP unwind like Ctrl-C, so QEMU and the boot's folder go."""
-    def handler(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 # --- one boot --------------------------------------------------------------------------------
@@ -585,7 +571,7 @@ def recorded(label: str) -> Iterator[state.RunRecord]:
     record = state.RunRecord.new(run_id)
     os.environ[state.RUN_ENV] = run_id     # QEMU inherits it: `clean` finds it by it too
     try:
-        with _signals_as_exit():
+        with state.signals_as_exit():
             yield record
     finally:
         record.path.unlink(missing_ok=True)

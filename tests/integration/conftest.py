@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.integration.support import lab_leftovers, lab_turn
+from tests.integration.support import assert_nothing_left_behind
 
 
 @pytest.fixture(autouse=True)
@@ -10,6 +10,4 @@ def nothing_left_behind():
     yield
     # With the lab lock held no run is in progress: another user's run on the same machine
     # (CI, a benchmark) is not mistaken for something this test left behind.
-    with lab_turn():
-        left = lab_leftovers()
-    assert not any(left.values()), f"the lab left things behind: {left}"
+    assert_nothing_left_behind()

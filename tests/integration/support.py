@@ -68,6 +68,26 @@ def run_result(tmp_path: Path, *args: str) -> dict:
     """`fabriclab run ecmp-basic ARGS --out TMP` and its result.json."""
     return run_scenario(tmp_path, "ecmp-basic", *args)
 
+def check_paths_follow_policy(r: dict, policy: str) -> None:
+    """The controller installs exactly what a deciding policy chooses, so the path the
+    counters show must be the one its choose() gives for the flow's 5-tuple (ecmp-basic)."""
+    from controllers import policies
+    from controllers.policies.base import FlowKey
+    pol = policies.get(policy)(seed=r["seed"])
+    port_peer = {ln["a_port"]: ln["b"] for ln in r["topology"]["links"]
+                 if ln["a"] == "leaf1" and ln["b"].startswith("spine")}
+    for f in r["flows"]:
+        key = FlowKey(f["src_ip"], f["dst_ip"], 6, f["sport"], f["dport"])
+        assert f["path"][1] == port_peer[pol.choose(key, "leaf1", sorted(port_peer))], f
+
+
+def assert_nothing_left_behind() -> None:
+    """With the lab lock held (no run in progress), nothing of the lab may exist."""
+    with lab_turn():
+        left = lab_leftovers()
+    assert not any(left.values()), f"the lab left things behind: {left}"
+
+
 #: Per-link agreement: a few per cent, plus a small absolute slack for the iperf3 control
 #: connections (not watched) and the controller's packet-outs.
 REL_TOL, ABS_TOL = 0.03, 64_000

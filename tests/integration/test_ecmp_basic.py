@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from controllers import policies
-from controllers.policies.base import FlowKey
 from lab.result import validate
-from tests.integration.support import check_links_agree_with_flows, run_result
+from tests.integration.support import (
+    check_links_agree_with_flows,
+    check_paths_follow_policy,
+    run_result,
+)
 
 POLICIES = ["ovs-select", "hash5", "hash-l3", "hash5-tier", "least-loaded", "flowlet"]
 #: Stateless controller-decided policies: the path must be exactly what choose() says.
@@ -38,14 +41,7 @@ def test_run_each_policy(tmp_path, policy):
         assert ln["util_mean"] == pytest.approx(expect, abs=1e-3)
         assert ln["util_mean"] <= 1.05
     if policy in EXACT:
-        # The controller installs exactly what the policy decides, so the path the counters
-        # show must be the one the policy's choose() gives for the flow's 5-tuple.
-        pol = policies.get(policy)(seed=r["seed"])
-        port_peer = {ln["a_port"]: ln["b"] for ln in r["topology"]["links"]
-                     if ln["a"] == "leaf1" and ln["b"].startswith("spine")}
-        for f in r["flows"]:
-            key = FlowKey(f["src_ip"], f["dst_ip"], 6, f["sport"], f["dport"])
-            assert f["path"][1] == port_peer[pol.choose(key, "leaf1", sorted(port_peer))], f
+        check_paths_follow_policy(r, policy)
     granularity = policies.get(policy).granularity
     assert (r["controller"]["decisions"] > 0) == (granularity == "flow")
     assert (r["controller"]["port_samples"] > 0) == (policy == "least-loaded")

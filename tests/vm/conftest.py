@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.support import lab_leftovers, lab_turn
+from tests.integration.support import assert_nothing_left_behind
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "lab.cli"]
@@ -59,9 +59,7 @@ def vm_image() -> dict:
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     yield
-    with lab_turn():
-        left = lab_leftovers()
-    assert not any(left.values()), f"the lab left things behind: {left}"
+    assert_nothing_left_behind()
     from lab import vm
     boots = vm.CACHE_DIR / "boots"
     assert not (boots.is_dir() and any(boots.iterdir())), list(boots.iterdir())

@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from controllers import policies
-from controllers.policies.base import FlowKey
 from lab import state, vm
 from lab.result import validate
-from tests.integration.support import check_links_agree_with_flows, run_result
+from tests.integration.support import (
+    check_links_agree_with_flows,
+    check_paths_follow_policy,
+    run_result,
+)
 from tests.vm.conftest import CLI, REPO, fabriclab, load
 
 #: Controller-decided policies: the path is a function of the 5-tuple and the seed, so the
@@ -81,12 +83,7 @@ def test_ecmp_basic_on_the_kernel_datapath(session, policy):
     problems = check_links_agree_with_flows(r)
     assert not problems, problems
     if policy in DECIDED:
-        pol = policies.get(policy)(seed=r["seed"])
-        port_peer = {ln["a_port"]: ln["b"] for ln in r["topology"]["links"]
-                     if ln["a"] == "leaf1" and ln["b"].startswith("spine")}
-        for f in r["flows"]:
-            key = FlowKey(f["src_ip"], f["dst_ip"], 6, f["sport"], f["dport"])
-            assert f["path"][1] == port_peer[pol.choose(key, "leaf1", sorted(port_peer))], f
+        check_paths_follow_policy(r, policy)
 
 
 @pytest.mark.parametrize("policy", DECIDED)
