@@ -29,18 +29,25 @@ HASH_MODES = ("l3", "l4")
 CUT_TABLE = "fabriclab_cut"
 PIN_TABLE_BASE = 100
 PIN_RULE_PRIO = 1000
+_SEED_SYSCTL = "/proc/sys/net/ipv4/fib_multipath_hash_seed"
 
 
-def set_hash(node: Any, mode: str, seed: int) -> dict[str, int]:
-    """The multipath hash of one router's namespace; returns what the kernel now holds."""
+def set_hash(node: Any, mode: str, seed: int) -> dict[str, int | None]:
+    """The multipath hash of one router's namespace; returns what the kernel now holds.
+
+    ``seed`` is ``None`` in the answer where the kernel has no ``fib_multipath_hash_seed``
+    (Linux before 6.11, e.g. Debian 12's 6.1): there the hash's key is the kernel's own,
+    drawn at boot, and cannot be chosen.
+    """
     policy = 0 if mode == "l3" else 3
+    seedable = node.cmd(f"test -e {_SEED_SYSCTL} && echo yes").strip() == "yes"
     node.cmd(f"sysctl -qw net.ipv4.fib_multipath_hash_policy={policy} "
-             f"net.ipv4.fib_multipath_hash_fields={HASH_FIELDS_5TUPLE} "
-             f"net.ipv4.fib_multipath_hash_seed={seed}")
-    got = {}
-    for key in ("policy", "fields", "seed"):
+             f"net.ipv4.fib_multipath_hash_fields={HASH_FIELDS_5TUPLE}"
+             + (f" net.ipv4.fib_multipath_hash_seed={seed}" if seedable else ""))
+    got: dict[str, int | None] = {"seed": None}
+    for key in ("policy", "fields", "seed") if seedable else ("policy", "fields"):
         got[key] = int(node.cmd(f"sysctl -n net.ipv4.fib_multipath_hash_{key}").strip())
-    if got["policy"] != policy or got["seed"] != seed:
+    if got["policy"] != policy or (seedable and got["seed"] != seed):
         raise RuntimeError(f"{node.name}: kernel kept hash {got}, wanted policy {policy} "
                            f"seed {seed}")
     return got

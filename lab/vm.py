@@ -80,7 +80,8 @@ class VmBootError(MachineError):
     """The guest did not boot (or stopped) in time; carries the console's last lines."""
 
     def __init__(self, message: str, console_tail: list[str]) -> None:
-        super().__init__("vm", message)
+        super().__init__("vm", message + ("" if console_tail else
+                                          "; its console printed nothing"))
         self.console_tail = console_tail
 
 

