@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,13 +72,16 @@ def _iperf_server_cmd(flow: FlowSpec, interval_s: float | None = None) -> list[s
 
 def _iperf_client_cmd(flow: FlowSpec, duration_s: float) -> list[str]:
     cmd = ["iperf3", "-c", flow.dst_ip, "-B", flow.src_ip, "-p", str(flow.dport),
-           "--cport", str(flow.sport), "-t", f"{duration_s:g}", "-b", f"{int(flow.rate_bps)}",
-           "-J"]
+           "--cport", str(flow.sport), "-t", f"{duration_s:g}", "-J"]
+    rate = str(int(flow.rate_bps))
     if flow.proto == "udp":
-        cmd += ["-u", "-l", "1400"]
-    elif flow.cc:
-        cmd += ["-C", flow.cc]
-    return cmd
+        return [*cmd, "-u", "-l", "1400", "-b", rate]
+    # TCP is paced by the kernel (SO_MAX_PACING_RATE), not by iperf3's -b, whose 1 ms
+    # timer wakes every client 1000 times a second whatever its rate: 2.7 % of a core per
+    # client here, and both vCPUs of a VM without KVM for eight of them. TCP paces on its
+    # own without the fq qdisc (Linux >= 4.13); -b 0 lifts iperf3's 1 Mbit/s TCP default.
+    cmd += ["-b", "0", "--fq-rate", rate]
+    return [*cmd, "-C", flow.cc] if flow.cc else cmd
 
 
 class FlowRunner:
@@ -132,6 +137,25 @@ class FlowRunner:
             self.clients.append(proc)
         return t0
 
+    def wait_connected(self, timeout_s: float = 10.0, poll_s: float = 0.05) -> float | None:
+        """The monotonic time by which every client had its data socket (a TCP flow's
+        connection established); None if some had not within ``timeout_s``.
+
+        Read from each source host's own ``/proc/<pid>/net/{tcp,udp}``, so nothing is
+        spawned: until then the clients are still being started, which is the lab's
+        set-up (under TCG, seconds of both vCPUs), not the emulation of their traffic.
+        """
+        deadline = time.monotonic() + timeout_s
+        pending = list(self.flows)
+        while pending:
+            pending = [f for f in pending if not _has_socket(self.fabric.host(f.src).pid, f)]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(poll_s)
+        return time.monotonic()
+
     def wait(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         for proc in self.clients + self.servers:
@@ -153,6 +177,32 @@ class FlowRunner:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+#: /proc/net/tcp's state column for an established connection.
+TCP_ESTABLISHED = "01"
+
+
+def _has_socket(pid: int, flow: FlowSpec) -> bool:
+    """Whether the namespace of ``pid`` holds ``flow``'s client socket (bound to its source
+    address and port; for TCP, established)."""
+    want = f"{_proc_net_addr(flow.src_ip)}:{flow.sport:04X}"
+    try:
+        with open(f"/proc/{pid}/net/{flow.proto}") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                if fields[1] == want and (flow.proto != "tcp" or fields[3] == TCP_ESTABLISHED):
+                    return True
+    except OSError:
+        pass
+    return False
+
+
+def _proc_net_addr(ip: str) -> str:
+    """An IPv4 address as /proc/net/{tcp,udp} print it: the 32-bit word in host order."""
+    return socket.inet_aton(ip)[::-1].hex().upper() if sys.byteorder == "little" \
+        else socket.inet_aton(ip).hex().upper()
 
 
 def _load_json(path: Path) -> dict[str, Any]:
