@@ -123,6 +123,18 @@ def pick_runtime(runtimes: dict[str, str | None], wanted: str | None) -> str:
 VM_ENV = "FABRICLAB_VM"
 
 
+#: The rate profile of a VM without hardware virtualisation: every rate and size x 1/4
+#: (``scenario.scale_rates``). Measured in the TCG guest on 2 vCPUs: at full rates the
+#: traffic generators alone left 0-1 % idle; at a quarter the runs keep their idle floor.
+TCG_RATE_SCALE = 0.25
+
+
+def vm_rate_scale() -> float:
+    """The rate profile for this machine: TCG_RATE_SCALE in a TCG guest, else 1."""
+    vm = guest_vm()
+    return TCG_RATE_SCALE if vm is not None and vm.get("accelerator") == "tcg" else 1.0
+
+
 def guest_vm() -> dict[str, object] | None:
     """The VM this run is in, as ``fabriclab vm`` booted it; None on any other machine.
 

@@ -25,7 +25,7 @@ from lab.errors import MachineError, ScenarioError
 from lab.fabric import Fabric
 from lab.progress import Ticker
 from lab.result import SCHEMA_VERSION, flow_entries, link_entries, validate
-from lab.topologies import describe, make_topology, refuse_without_netem
+from lab.topologies import build_defaults, describe, make_topology, refuse_without_netem
 from lab.traffic import FlowRunner, FlowSpec
 
 #: A phase whose least idle second had less CPU to spare than this ran CPU-bound: its
@@ -123,6 +123,12 @@ def check_input(name: str, policy: str | None = None, sets: list[str] | None = N
     if params["policy"] != "all":
         policy_names(str(params["policy"]))
     scenario.validate(params, kind.SCHEMA)
+    params["rate_scale"] = float(params.get("rate_scale", environment.vm_rate_scale()))
+    if params["rate_scale"] != 1.0:
+        topo = params.get("topology", {})
+        defaults = {**getattr(kind, "DEFAULTS", {}),
+                    "topology": build_defaults(topo if isinstance(topo, dict) else {})}
+        params = scenario.scale_rates(params, params["rate_scale"], defaults)
     topo_desc = describe(make_topology(params.get("topology", {})))
     flows = kind.plan(topo_desc, params, random.Random(params["seed"]))
     return CheckedInput(sc, kind, params, topo_desc, flows,
@@ -250,6 +256,9 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
             injector.start()
         progress(f"[{plan.policy_label}] {len(plan.flows)} flows for {duration:g} s ..."
                  + "".join(f"\n  fault at {f.at:g} s: {f.label}" for f in planned_faults))
+        # CPU idle counts from when the last client was connected: starting them is set-up.
+        connected = runner.wait_connected()
+        t_fid = t_start if connected is None else connected - sampler.t0
         with Ticker(duration, f"[{plan.policy_label}] traffic"):
             runner.wait(timeout_s=duration + 15)
         fabric.timings["traffic_s"] = time.monotonic() - sampler.t0 - t_start
@@ -286,7 +295,7 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         for f in result["flows"]:
             f.update(result["faults"]["per_flow"][f["id"]])
     result["metrics"] = plan.kind.analyse(result, plan.params)
-    idle = [round(x, 1) for x in sampler.cpu_idle_pct(t_start, t_end)]
+    idle = [round(x, 1) for x in sampler.cpu_idle_pct(t_fid, t_end)]
     notes = list(plan.env.notes)
     if planned_faults:
         result["metrics"]["faults"] = result["faults"]["summary"]
@@ -315,7 +324,9 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         notes.append("bytes lost inside the switches' datapath, not in a configured queue: "
                      + ", ".join(f"{k} {v} B" for k, v in unexplained.items()))
     result["fidelity"] = {"cpu_idle_min_pct": idle_min, "cpu_idle_pct": idle, "valid": valid,
-                          "lab_cpu_pct": sampler.lab_cpu_pct(t_start, t_end),
+                          "lab_cpu_pct": sampler.lab_cpu_pct(t_fid, t_end),
+                          # the seconds of the traffic phase the two numbers above cover
+                          "window_s": [round(t_fid - t_start, 3), round(t_end - t_start, 3)],
                           "notes": notes, "datapath_loss_bytes": unexplained}
     return result
 

@@ -62,7 +62,15 @@ COMMON_SCHEMA: dict[str, Param] = {
     "policy": Param(str),
     "duration": Param(float, 1, 600),
     "seed": Param(int, 0, 2**31 - 1),
+    # Every rate and size times this (a profile for slow machines; see scale_rates).
+    "rate_scale": Param(float, 0.01, 1.0),
 }
+
+#: A value is a rate or a size when its key ends so (Mbit/s bandwidths and rates, bytes of
+#: queue, message, checkpoint or marking threshold), or is one of SCALED_KEYS (a burst's
+#: length in packets of fixed size).
+SCALED_SUFFIXES = ("_bw", "_mbps", "_bytes")
+SCALED_KEYS = frozenset({"microburst.count"})
 
 
 @dataclass
@@ -195,7 +203,7 @@ def _leaf_keys(params: dict[str, Any], prefix: str = "",
 
 def resolve_key(key: str, params: dict[str, Any], schema: dict[str, Param]) -> str:
     """The full dotted key that a ``--set`` key names."""
-    known = set(_leaf_keys(params)) | set(schema)
+    known = set(_leaf_keys(params)) | set(schema) | set(COMMON_SCHEMA)
     if key in known or key.startswith("topology."):
         return key
     if key.startswith("phases.") and schema_key(key) in known | set(COMMON_SCHEMA):
@@ -254,6 +262,46 @@ def validate(params: dict[str, Any], schema: dict[str, Param]) -> dict[str, Any]
             raise ScenarioError(key, f"unknown key (known: {', '.join(sorted(full_schema))})")
         node[parts[-1]] = full_schema[schema_key(key)].check(key, node[parts[-1]])
     return params
+
+
+def scale_rates(params: dict[str, Any], ratio: float,
+                defaults: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``params`` with every rate and size times ``ratio`` (``defaults``: the
+    values the kind and topology use where the scenario gives none, scaled as well).
+
+    Rates and sizes scale together, so every transfer time, queueing delay, utilisation,
+    drop point and flow-to-path choice stays what it was; only the packets per second fall.
+    That is what a slow machine (a VM without KVM: every packet costs ~10x) cannot afford.
+    """
+    out = copy.deepcopy(params)
+    full = deep_update(copy.deepcopy(defaults), out)
+    for key in _leaf_keys(full):
+        if not (key.endswith(SCALED_SUFFIXES) or schema_key(key) in SCALED_KEYS):
+            continue
+        node, parts = full, key.split(".")
+        for part in parts[:-1]:
+            node = node[part]
+        value = node[parts[-1]]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        # Rates are Mbit/s (YAML may write 50 for 50.0); sizes and counts stay whole.
+        scaled = (value * ratio if key.endswith(("_bw", "_mbps"))
+                  else max(1, round(value * ratio)))
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = scaled
+    return out
+
+
+def deep_update(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over``'s values written in, section by section (a copy of each)."""
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            deep_update(base[k], v)
+        else:
+            base[k] = copy.deepcopy(v)
+    return base
 
 
 def require(params: dict[str, Any], keys: list[str], kind: str) -> None:

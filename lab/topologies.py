@@ -269,6 +269,16 @@ def make_topology(spec: dict[str, object], machine_limits: bool = True) -> Fabri
         _machine_limits.reset(token)
 
 
+def build_defaults(spec: dict[str, object]) -> dict[str, object]:
+    """The values a topology uses for the parameters ``spec`` leaves out (none for an
+    unknown type: building it says what is wrong)."""
+    cls = topology_class(str(spec.get("type", "leafspine")))
+    if cls is None:
+        return {}
+    return {name: p.default for name, p in inspect.signature(cls.build).parameters.items()
+            if name != "self" and p.default is not inspect.Parameter.empty}
+
+
 def describe(topo: FabricTopo) -> dict[str, object]:
     """The ``topology`` section of result.json: nodes, links with ports and rates."""
     switches = []

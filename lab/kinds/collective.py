@@ -22,7 +22,7 @@ from typing import Any
 
 from lab.errors import MachineError, ScenarioError
 from lab.kinds.ecmp import check_fabric, edge_switches, hosts_of
-from lab.scenario import Param
+from lab.scenario import Param, deep_update
 from lab.traffic import FlowSpec
 
 RING_PORT = 7100          # rank r listens on RING_PORT + r
@@ -92,15 +92,6 @@ def merged(params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _deep_update(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            _deep_update(base[k], v)
-        else:
-            base[k] = copy.deepcopy(v)
-    return base
-
-
 def phase_params(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """{phase name: its full parameters}, in the scenario's order (one phase if none)."""
     base = merged(params)
@@ -111,7 +102,7 @@ def phase_params(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for name, over in phases.items():
         if not isinstance(over, dict | type(None)):
             raise ScenarioError(f"phases.{name}", "expected a mapping of overrides")
-        out[str(name)] = _deep_update(copy.deepcopy(base), over or {})
+        out[str(name)] = deep_update(copy.deepcopy(base), over or {})
     return out
 
 
