@@ -104,6 +104,20 @@ class Sender:
         self.t0_ns = 0
         self.elapsed_s = 0.0
 
+    def _wait_for_go(self) -> None:
+        """With ``--ready-file``: say the socket is ready, then wait for the lab's go.
+
+        Programs that start one after another start their streams one after another too:
+        under software emulation seconds apart, so streams meant to meet on an uplink would
+        barely overlap. The lab says go once every sender of the phase is ready.
+        """
+        a = self.args
+        if not a.ready_file:
+            return
+        Path(a.ready_file).write_text("ready\n")
+        if signal.sigtimedwait({signal.SIGUSR1}, a.go_timeout) is None:
+            raise StopRequestedError(f"no go within {a.go_timeout:g} s")
+
     def _tcp_socket(self) -> socket.socket:
         a = self.args
         deadline = time.monotonic() + a.connect_timeout
@@ -155,6 +169,7 @@ class Sender:
         sock = self._tcp_socket()
         try:
             sock.setblocking(False)
+            self._wait_for_go()
             self.t0_ns = time.monotonic_ns()
             self.started_ns = time.time_ns()
             for i, size in enumerate(self.sizes):
@@ -193,6 +208,7 @@ class Sender:
             sock.bind((a.bind, a.sport))
             sock.setblocking(False)  # live media is never late on purpose: drop, count
             dst = (a.dst, a.dport)
+            self._wait_for_go()
             self.t0_ns = time.monotonic_ns()
             self.started_ns = time.time_ns()
             for i, size in enumerate(self.sizes):
@@ -238,6 +254,8 @@ class Sender:
             "blocked_s": self.blocked_ns / 1e9, "max_lag_ms": self.max_lag_ns / 1e6,
             "frames_behind": self.frames_behind, "elapsed_s": self.elapsed_s,
             "drain_s": self.drain_s, "started_unix": self.started_ns / 1e9,
+            # the first frame's time on the clock every namespace shares (None: never sent)
+            "t0_monotonic": self.t0_ns / 1e9 if self.t0_ns else None,
             "stopped_by": self.stopped, "tcp": self.tcp,
         }
 
@@ -266,6 +284,8 @@ def _force_buffer(sock: socket.socket, opt: int, size: int) -> None:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
+    if args.ready_file:     # held until waited for: an early "go" must not kill the sender
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     sender = Sender(args)
     try:
         if args.proto == "tcp":
@@ -502,6 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep retrying a refused connect this long (player not up yet)")
     s.add_argument("--linger", type=float, default=15.0,
                    help="after the last frame, wait this long for the player to confirm")
+    s.add_argument("--ready-file", help="write this file once connected, then start the "
+                   "stream only on SIGUSR1 (all of a phase's streams start together)")
+    s.add_argument("--go-timeout", type=_positive(float), default=120.0,
+                   help="with --ready-file: give up if no SIGUSR1 comes within this long")
     s.add_argument("--out", help="summary JSON file (default: stdout)")
     s.set_defaults(func=cmd_send)
 

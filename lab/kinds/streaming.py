@@ -27,6 +27,7 @@ import itertools
 import json
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -472,13 +473,23 @@ class EdgeRun:
         if phase in PROBE_PHASES:
             self.probe(phase, flows)
         marks.append(("probe", time.monotonic()))
-        idle = [round(x, 1) for x in self.sampler.cpu_idle_pct(t_start, t_end)]
+        # CPU is judged over the streaming itself, from the last sender's first frame to the
+        # end of the longest stream: starting a dozen Python senders is the lab's set-up.
+        sent = [x for s in streams if (x := s.summary.get("sender"))
+                and x.get("t0_monotonic") is not None]
+        t_fid, t_fid_end = t_start, t_end
+        if sent:
+            t_fid = min(max(t_start, *(x["t0_monotonic"] - self.sampler.t0 for x in sent)), t_end)
+            t_fid_end = min(max(t_fid, *(x["t0_monotonic"] + (x.get("elapsed_s") or 0)
+                                         - self.sampler.t0 for x in sent)), t_end)
+        idle = [round(x, 1) for x in self.sampler.cpu_idle_pct(t_fid, t_fid_end)]
         return {"timings": {f"{b[0]}_s": round(b[1] - a[1], 3)
                             for a, b in itertools.pairwise(marks)},
                 "config": config, "duration_s": round(measured_s, 3), "links": links,
                 "flows": flows, "events": events, "cpu_idle_pct": idle,
                 "cpu_idle_min_pct": min(idle, default=100.0),
-                "lab_cpu_pct": self.sampler.lab_cpu_pct(t_start, t_end)}
+                "lab_cpu_pct": self.sampler.lab_cpu_pct(t_fid, t_fid_end),
+                "fidelity_window_s": [round(t_fid - t_start, 3), round(t_fid_end - t_start, 3)]}
 
     def probe(self, phase: str, flows: list[dict[str, Any]]) -> None:
         """TTL-limited probes with each origin stream's 5-tuple: which uplink does it hash to?
@@ -525,7 +536,10 @@ class EdgeRun:
             rf = work / f"{dst}.ready"
             cmd = [sys.executable, "-m", "lab.streamtool", "play", "--proto", group[0].proto,
                    "--bind", group[0].dst_ip, "--port", str(group[0].dport),
-                   "--streams", str(len(group)), "--timeout", str(duration + 25),
+                   "--streams", str(len(group)),
+                   # A guard against senders that never come, not a schedule: the senders
+                   # start after every player is ready, which may take PLAYER_READY_TIMEOUT_S.
+                   "--timeout", f"{duration + PLAYER_READY_TIMEOUT_S + 25:g}",
                    "--ready-file", str(rf), "--out", str(work / f"{dst}.play.json")]
             proc = node.popen(cmd, stdout=open(work / f"{dst}.play.log", "wb"),  # noqa: SIM115
                               stderr=subprocess.STDOUT)
@@ -554,13 +568,25 @@ class EdgeRun:
                    str(s.stream_id), "--proto", s.proto, "--bind", s.src_ip, "--sport",
                    str(s.sport), "--dst", s.dst_ip, "--dport", str(s.dport), "--rate-mbps",
                    f"{s.rate_mbps:g}", "--fps", f"{sp['fps']:g}", "--duration", f"{duration:g}",
-                   "--linger", "10", "--out", str(work / f"{s.stream_id}.send.json")]
+                   "--linger", "10", "--out", str(work / f"{s.stream_id}.send.json"),
+                   "--ready-file", str(work / f"{s.stream_id}.send.ready")]
             if s.proto == "tcp":
                 cmd += ["--cc", sp["cc"]]
-            proc = self.host(s.src).popen(cmd, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.STDOUT)
+            log = open(work / f"{s.stream_id}.send.log", "wb")  # noqa: SIM115
+            proc = self.host(s.src).popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             self.fabric.record.add_pid(proc.pid, f"sender {s.id}")
             procs.append(proc)
+        # Every stream of the phase starts at once: go (SIGUSR1) when all are connected.
+        # One that died or hangs gets no wait beyond the players' bound; its log and its
+        # missing summary say what happened, and the others go.
+        ready = [work / f"{s.stream_id}.send.ready" for s in streams]
+        deadline = time.monotonic() + PLAYER_READY_TIMEOUT_S
+        while time.monotonic() < deadline and not all(
+                r.exists() or p.poll() is not None for r, p in zip(ready, procs, strict=True)):
+            time.sleep(0.05)
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGUSR1)
         return procs
 
     def host(self, name: str) -> Any:
@@ -859,6 +885,7 @@ def phase_metrics(ph: dict[str, Any]) -> dict[str, Any]:
         "streams_lost_pct": round(100 * lost / expected, 3) if expected else 0.0,
         "fidelity_valid": ph["cpu_idle_min_pct"] >= MIN_CPU_IDLE_PCT
         and all(f["received"] for f in flows),
+        "fidelity_window_s": ph.get("fidelity_window_s"),
         "hottest_uplink": hot["name"] if hot else None,
         "hottest_util": hot["util_mean"] if hot else 0.0,
         "uplinks_idle": sorted(n for n, ln in uplinks.items() if ln["util_mean"] < 0.05),
