@@ -67,10 +67,11 @@ COMMON_SCHEMA: dict[str, Param] = {
 }
 
 #: A value is a rate or a size when its key ends so (Mbit/s bandwidths and rates, bytes of
-#: queue, message, checkpoint or marking threshold), or is one of SCALED_KEYS (a burst's
-#: length in packets of fixed size).
+#: queue, message, checkpoint or marking threshold), or is one of SCALED_KEYS: a burst's
+#: length in packets of fixed size, and a stream's frames per second (each frame is work
+#: for its sender and player whatever its size; scaled with the rate, a frame keeps its size).
 SCALED_SUFFIXES = ("_bw", "_mbps", "_bytes")
-SCALED_KEYS = frozenset({"microburst.count"})
+SCALED_KEYS = frozenset({"microburst.count", "streams.fps"})
 
 
 @dataclass
@@ -284,8 +285,9 @@ def scale_rates(params: dict[str, Any], ratio: float,
         value = node[parts[-1]]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        # Rates are Mbit/s (YAML may write 50 for 50.0); sizes and counts stay whole.
-        scaled = (value * ratio if key.endswith(("_bw", "_mbps"))
+        # Rates are Mbit/s and fps may be fractional (YAML may write 50 for 50.0); sizes
+        # and counts stay whole.
+        scaled = (value * ratio if key.endswith(("_bw", "_mbps")) or isinstance(value, float)
                   else max(1, round(value * ratio)))
         node = out
         for part in parts[:-1]:

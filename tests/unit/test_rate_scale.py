@@ -64,3 +64,12 @@ def test_a_tcg_guest_takes_the_profile_unless_told(monkeypatch):
 def test_a_bad_ratio_is_refused_naming_it(value):
     with pytest.raises(ScenarioError, match="rate_scale"):
         run.check_input("ecmp-basic", sets=[f"rate_scale={value}"])
+
+
+def test_a_stream_keeps_its_frame_size():
+    full = run.check_input("streaming-incident")
+    quarter = run.check_input("streaming-incident", sets=["rate_scale=0.25"])
+    f, q = full.params["streams"], quarter.params["streams"]
+    assert q["fps"] == f["fps"] / 4
+    for key in ("ingest_mbps", "normal_mbps", "big_mbps"):
+        assert q[key] / q["fps"] == f[key] / f["fps"]
