@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import state, vm
+from lab import environment, state, vm
 from lab.result import validate
 from tests.integration.support import (
     check_links_agree_with_flows,
@@ -83,6 +83,15 @@ def test_ecmp_basic_on_the_kernel_datapath(session, policy):
     assert not problems, problems
     if policy in DECIDED:
         check_paths_follow_policy(r, policy)
+    check_rate_profile(r)
+
+
+def check_rate_profile(r: dict) -> None:
+    """A guest run carries its machine's rate profile (TCG: every rate and size x 1/4) in
+    its parameters, and is fidelity-valid at it."""
+    tcg = r["environment"]["vm"]["accelerator"] == "tcg"
+    assert r["params"]["rate_scale"] == (environment.TCG_RATE_SCALE if tcg else 1.0)
+    assert r["fidelity"]["valid"], r["fidelity"]
 
 
 @pytest.mark.parametrize("policy", DECIDED)
@@ -90,7 +99,9 @@ def test_the_two_datapaths_agree(session, tmp_path, policy):
     """Same scenario and seed on this machine's userspace datapath: same path per flow,
     same flows per uplink, goodput and imbalance within the stated tolerances."""
     guest = guest_result(session, f"ecmp-{policy}")
-    host = run_result(tmp_path, "--policy", policy, "--seed", "1", "--duration", "5")
+    # At the guest's rate profile: the same offered load relative to the same links.
+    host = run_result(tmp_path, "--policy", policy, "--seed", "1", "--duration", "5",
+                      "--set", f"rate_scale={guest['params']['rate_scale']}")
     assert host["environment"]["datapath"] in ("user", "kernel")
     path = {(f["src"], f["sport"]): f["path"] for f in host["flows"]}
     assert {(f["src"], f["sport"]): f["path"] for f in guest["flows"]} == path
@@ -109,12 +120,12 @@ def test_the_two_datapaths_agree(session, tmp_path, policy):
     print(f"{policy}: goodput VM {gm['aggregate_goodput_bps'] / 1e6:.1f}, host "
           f"{hm['aggregate_goodput_bps'] / 1e6:.1f} of {offered / 1e6:.1f} Mbit/s; VM fidelity "
           f"{guest['fidelity']['valid']}")
-    # Goodput is a timing number: compared only where both runs were fidelity-valid. Under
-    # TCG the guest's iperf3 processes start seconds apart, so flows that share an uplink
-    # overlap less and their summed goodput can exceed the uplink (hash-l3: 112 Mbit/s on
-    # one 100 Mbit/s uplink).
-    if guest["fidelity"]["valid"] and host["fidelity"]["valid"]:
-        assert abs(gm["aggregate_goodput_bps"] - hm["aggregate_goodput_bps"]) <= 0.10 * offered
+    # Both runs fidelity-valid, so goodput is comparable: within 10 % of the offered load,
+    # the spread of one datapath's own repeated runs (README). Drops may differ in count
+    # (kernel vs userspace segmentation, TSO batching) but not in where they happen (above).
+    assert guest["fidelity"]["valid"] and host["fidelity"]["valid"], \
+        (guest["fidelity"], host["fidelity"])
+    assert abs(gm["aggregate_goodput_bps"] - hm["aggregate_goodput_bps"]) <= 0.10 * offered
 
 
 def test_ovs_select_uses_the_kernel_datapath_hash(session):
@@ -153,6 +164,7 @@ def test_incast_ecn_red_and_dctcp(session):
     assert ph["tail-drop"].get("ce_marked", 0) == 0
     assert ph["ecn"]["wire"]["ecn"]["ce"] > 0 and ph["dctcp"]["wire"]["ecn"]["ce"] > 0
     assert ph["dctcp"]["retransmits"] < ph["tail-drop"]["retransmits"]
+    check_rate_profile(r)
 
 
 def test_streaming_incident_two_phases_with_wan_delay(session):
@@ -162,6 +174,7 @@ def test_streaming_incident_two_phases_with_wan_delay(session):
     fid = r["fidelity"]
     assert fid["wan_delay"] == "netem", fid
     assert fid["wan_delay_ms"] == [r["topology"]["params"]["wan_delay_ms"]]
+    check_rate_profile(r)
 
 
 def test_allreduce_on_the_kernel_datapath(session):
