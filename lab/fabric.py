@@ -194,9 +194,15 @@ class Fabric:
                                      "what": f"shell {node.name}"})
         self.record.save()
         for host in self.net.hosts:
+            # txrehash=0: a TCP socket keeps its hash. Linux re-rolls it after a timeout or a
+            # spurious retransmission, and the kernel datapath's select groups hash on it:
+            # measured in the VM, a flow's ACKs moved to the other spine mid-run. The per-flow
+            # hashing the lab shows assumes a flow keeps its path (the userspace datapath
+            # hashes the headers). Kernels before 5.19 lack the switch (-e: no error).
             ports = host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
                              "net.ipv6.conf.default.disable_ipv6=1 net.ipv4.tcp_ecn=0 "
-                             f"{EPHEMERAL_SYSCTL}; sysctl -n net.ipv4.ip_local_port_range")
+                             f"{EPHEMERAL_SYSCTL}; sysctl -qew net.core.txrehash=0; "
+                             "sysctl -n net.ipv4.ip_local_port_range")
             if ports.split() != [str(p) for p in HOST_EPHEMERAL_PORTS]:
                 raise MachineError("topology", f"{host.name}: could not move its ephemeral "
                                    f"ports to {HOST_EPHEMERAL_PORTS}: {ports.strip()!r}")
