@@ -547,7 +547,8 @@ class JobRun:
         ends = [st["t_end"] - sampler.t0 for o in outputs for st in o.get("steps") or []
                 if isinstance(st, dict) and st.get("t_end") is not None]
         t_fid_end = min(max([t_fid, *ends]), t_job_end) if ends else t_job_end
-        idle = [round(x, 1) for x in sampler.cpu_idle_pct(t_fid, t_fid_end)]
+        judged = sampler.judge(t_start, t_fid, t_fid_end)
+        idle = judged["cpu_idle_pct"]
         metrics = self.phase_metrics(pp, hosts, outputs, flows, links, work)
         metrics["retransmits"] = sum(f["retransmits"] for f in flows
                                      if f["kind"] in ("allreduce", "incast"))
@@ -564,9 +565,9 @@ class JobRun:
                             "switch": p["switch"], "port": p["port"]} for p in pinned]
         metrics["placement"] = pp["placement"]["hosts"]
         metrics["hosts"] = hosts
-        metrics["cpu_idle_min_pct"] = min(idle, default=100.0)
-        metrics["lab_cpu_pct"] = sampler.lab_cpu_pct(t_fid, t_fid_end)
-        metrics["fidelity_window_s"] = [round(t_fid - t_start, 3), round(t_fid_end - t_start, 3)]
+        metrics["cpu_idle_min_pct"] = judged["cpu_idle_min_pct"]
+        metrics["lab_cpu_pct"] = judged["lab_cpu_pct"]
+        metrics["fidelity_window_s"] = judged["window_s"]
         metrics["fidelity_valid"] = (metrics["cpu_idle_min_pct"] >= kind.MIN_CPU_IDLE_PCT
                                      and not any(o.get("error") for o in outputs))
         if capture is not None:

@@ -295,7 +295,8 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         for f in result["flows"]:
             f.update(result["faults"]["per_flow"][f["id"]])
     result["metrics"] = plan.kind.analyse(result, plan.params)
-    idle = [round(x, 1) for x in sampler.cpu_idle_pct(t_fid, t_end)]
+    judged = sampler.judge(t_start, t_fid, t_end)
+    idle = judged["cpu_idle_pct"]
     notes = list(plan.env.notes)
     if planned_faults:
         result["metrics"]["faults"] = result["faults"]["summary"]
@@ -303,7 +304,7 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
                      "into a dead link are lost in the datapath): "
                      + "; ".join(f.label for f in planned_faults))
         notes += result["faults"]["errors"]
-    idle_min = min(idle, default=100.0)
+    idle_min = judged["cpu_idle_min_pct"]
     valid = idle_min >= MIN_CPU_IDLE_PCT
     if not valid:
         notes.append(f"CPU-bound: least idle second had {idle_min:.0f}% idle "
@@ -324,9 +325,7 @@ def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, 
         notes.append("bytes lost inside the switches' datapath, not in a configured queue: "
                      + ", ".join(f"{k} {v} B" for k, v in unexplained.items()))
     result["fidelity"] = {"cpu_idle_min_pct": idle_min, "cpu_idle_pct": idle, "valid": valid,
-                          "lab_cpu_pct": sampler.lab_cpu_pct(t_fid, t_end),
-                          # the seconds of the traffic phase the two numbers above cover
-                          "window_s": [round(t_fid - t_start, 3), round(t_end - t_start, 3)],
+                          "lab_cpu_pct": judged["lab_cpu_pct"], "window_s": judged["window_s"],
                           "notes": notes, "datapath_loss_bytes": unexplained}
     return result
 

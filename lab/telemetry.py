@@ -516,6 +516,15 @@ class Sampler(threading.Thread):
             i = j
         return out
 
+    def judge(self, t_counters: float, t_from: float, t_to: float) -> dict[str, Any]:
+        """The fidelity numbers of the traffic between two sample times: idle CPU per second,
+        its least, the lab's own CPU, and the window in seconds from ``t_counters`` (when the
+        phase's counters were read), so a result says which seconds it judged."""
+        idle = [round(x, 1) for x in self.cpu_idle_pct(t_from, t_to)]
+        return {"cpu_idle_pct": idle, "cpu_idle_min_pct": min(idle, default=100.0),
+                "lab_cpu_pct": self.lab_cpu_pct(t_from, t_to),
+                "window_s": [round(t_from - t_counters, 3), round(t_to - t_counters, 3)]}
+
     def lab_cpu_pct(self, t_from: float, t_to: float) -> float | None:
         """CPU the lab's own processes used between two sample times, in % of one core
         (up to 100 x cores), so a CPU-bound run shows how much of it was the lab's doing.

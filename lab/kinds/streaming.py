@@ -181,6 +181,25 @@ def plan(topo_desc: dict[str, Any], params: dict[str, Any],
 
 
 # -- running ---------------------------------------------------------------------------------
+def _wait_ready(ready: list[Path], procs: list[Any],
+                stop_at_death: bool = False) -> tuple[list[str], list[str]]:
+    """Wait for each program's ready file; returns the files of those that exited without
+    one and of those still waiting when PLAYER_READY_TIMEOUT_S ran out.
+
+    The bound only catches a hung program: a Python start-up takes 0.2 s here but seconds
+    under a VM's software CPU (TCG). ``stop_at_death``: return as soon as one has died.
+    """
+    deadline = time.monotonic() + PLAYER_READY_TIMEOUT_S
+    while True:
+        dead = [str(r) for r, p in zip(ready, procs, strict=True)
+                if p.poll() is not None and not r.exists()]
+        waiting = [str(r) for r, p in zip(ready, procs, strict=True)
+                   if p.poll() is None and not r.exists()]
+        if not waiting or (dead and stop_at_death) or time.monotonic() > deadline:
+            return dead, waiting
+        time.sleep(0.02)
+
+
 class EdgeRun:
     """The running edge: fabric, routers, counters; runs one phase after the other."""
 
@@ -482,14 +501,13 @@ class EdgeRun:
             t_fid = min(max(t_start, *(x["t0_monotonic"] - self.sampler.t0 for x in sent)), t_end)
             t_fid_end = min(max(t_fid, *(x["t0_monotonic"] + (x.get("elapsed_s") or 0)
                                          - self.sampler.t0 for x in sent)), t_end)
-        idle = [round(x, 1) for x in self.sampler.cpu_idle_pct(t_fid, t_fid_end)]
+        judged = self.sampler.judge(t_start, t_fid, t_fid_end)
         return {"timings": {f"{b[0]}_s": round(b[1] - a[1], 3)
                             for a, b in itertools.pairwise(marks)},
                 "config": config, "duration_s": round(measured_s, 3), "links": links,
-                "flows": flows, "events": events, "cpu_idle_pct": idle,
-                "cpu_idle_min_pct": min(idle, default=100.0),
-                "lab_cpu_pct": self.sampler.lab_cpu_pct(t_fid, t_fid_end),
-                "fidelity_window_s": [round(t_fid - t_start, 3), round(t_fid_end - t_start, 3)]}
+                "flows": flows, "events": events, "cpu_idle_pct": judged["cpu_idle_pct"],
+                "cpu_idle_min_pct": judged["cpu_idle_min_pct"],
+                "lab_cpu_pct": judged["lab_cpu_pct"], "fidelity_window_s": judged["window_s"]}
 
     def probe(self, phase: str, flows: list[dict[str, Any]]) -> None:
         """TTL-limited probes with each origin stream's 5-tuple: which uplink does it hash to?
@@ -546,18 +564,11 @@ class EdgeRun:
             self.fabric.record.add_pid(proc.pid, f"player {dst}")
             procs.append(proc)
             ready.append(rf)
-        # A player says it is ready by its file. The bound only catches a hung one: a Python
-        # start-up takes 0.2 s here but seconds under a VM's software CPU (TCG), and a player
-        # that died is reported at once.
-        deadline = time.monotonic() + PLAYER_READY_TIMEOUT_S
-        while not all(r.exists() for r in ready):
-            dead = [str(r) for r, p in zip(ready, procs, strict=True)
-                    if p.poll() is not None and not r.exists()]
-            if dead or time.monotonic() > deadline:
-                why = "exited" if dead else "timed out"
-                raise MachineError("streams", f"players not ready ({why}): "
-                                   f"{dead or [str(r) for r in ready if not r.exists()]}")
-            time.sleep(0.02)
+        # A player says it is ready by its file; one that died is reported at once.
+        dead, waiting = _wait_ready(ready, procs, stop_at_death=True)
+        if dead or waiting:
+            raise MachineError("streams", f"players not ready "
+                               f"({'exited' if dead else 'timed out'}): {dead or waiting}")
         return procs
 
     def start_senders(self, streams: list[Stream], work: Path, duration: float) -> list[Any]:
@@ -579,11 +590,7 @@ class EdgeRun:
         # Every stream of the phase starts at once: go (SIGUSR1) when all are connected.
         # One that died or hangs gets no wait beyond the players' bound; its log and its
         # missing summary say what happened, and the others go.
-        ready = [work / f"{s.stream_id}.send.ready" for s in streams]
-        deadline = time.monotonic() + PLAYER_READY_TIMEOUT_S
-        while time.monotonic() < deadline and not all(
-                r.exists() or p.poll() is not None for r, p in zip(ready, procs, strict=True)):
-            time.sleep(0.05)
+        _wait_ready([work / f"{s.stream_id}.send.ready" for s in streams], procs)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGUSR1)
