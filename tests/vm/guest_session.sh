@@ -5,6 +5,7 @@
 # them. A failing step does not stop the others.
 set -u
 OUT=${1:-/mnt/out}
+POLICIES=${2:-hash5 hash-l3 hash5-tier ovs-select}   # ecmp-basic's, space-separated
 PY=$(. /etc/fabriclab/env && echo "$VENV")/bin/python
 step() {   # step NAME CMD...: run, log, keep the exit status
     local name=$1; shift
@@ -18,7 +19,7 @@ step() {   # step NAME CMD...: run, log, keep the exit status
 step doctor sh -c "fabriclab doctor --json > $OUT/doctor.json"
 step guest-tests "$PY" -m pytest -q -p no:cacheprovider tests/guest \
     --junitxml="$OUT/guest-junit.xml"
-for p in hash5 hash-l3 hash5-tier ovs-select; do
+for p in $POLICIES; do
     step "ecmp-$p" fabriclab run ecmp-basic --policy "$p" --seed 1 --duration 5 \
         --out "$OUT/ecmp-$p"
 done
