@@ -124,8 +124,9 @@ VM_ENV = "FABRICLAB_VM"
 
 
 #: The rate profile of a VM without hardware virtualisation: every rate and size x 1/4
-#: (``scenario.scale_rates``). Measured in the TCG guest on 2 vCPUs: at full rates the
-#: traffic generators alone left 0-1 % idle; at a quarter the runs keep their idle floor.
+#: (``scenario.scale_rates``). Measured in the TCG guest on 2 vCPUs: at full rates
+#: ecmp-basic left 0-1 % idle; at a quarter 14-43 % over two runs, incast-ecn 12-24 %
+#: (the margin is thin; streaming's incident and allreduce stay below 10 %).
 TCG_RATE_SCALE = 0.25
 
 
