@@ -1,6 +1,6 @@
 # FabricLab: `make demo` sets everything up (if missing) and runs the main scenario;
 # `make test` sets up and runs the whole test suite; `make test-vm` runs the full-kernel lane
-# in a QEMU VM (CI runs both). Run as root.
+# in a QEMU VM (CI runs make test; the VM lane runs outside it, see README). Run as root.
 -include /etc/fabriclab/env
 VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab import diagnose, ecnwire, telemetry
+from lab import diagnose, ecnwire, programs, telemetry
 from lab import jobmetrics as jm
 from lab.errors import MachineError
 from lab.kinds import collective as kind
@@ -127,10 +127,7 @@ class JobRun:
         return self.fabric.controller.request(msg)
 
     def spawn(self, host: str, argv: list[str], log: Path, what: str) -> subprocess.Popen:
-        out = open(log, "wb")  # noqa: SIM115 - the child owns it
-        proc = self.host(host).popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        self.fabric.record.add_pid(proc.pid, what)
-        return proc
+        return programs.spawn(self.fabric, host, argv, log, what)
 
     # -- planning -----------------------------------------------------------------------------
     def conns_for(self, pp: dict[str, Any], hosts: list[str]) -> list[Conn]:
@@ -325,7 +322,10 @@ class JobRun:
                     raise MachineError("storage", f"{h}: `{cmd}` failed: {text.strip()}")
 
     def start_storage(self, pp: dict[str, Any], conns: list[Conn], work: Path,
-                      duration_s: float) -> list[subprocess.Popen]:
+                      duration_s: float
+                      ) -> tuple[list[subprocess.Popen], list[subprocess.Popen], list[Path]]:
+        """Storage servers, then one client per GPU, connected and held until
+        :func:`lab.programs.go`; returns the servers, the clients and their ready files."""
         st = pp["storage"]
         procs = []
         for srv in st["hosts"]:
@@ -338,19 +338,21 @@ class JobRun:
         by_rank: dict[int, dict[str, Conn]] = {}
         for c in conns:
             by_rank.setdefault(c.rank, {})[c.spec.kind] = c
+        clients = []
         for r, cs in sorted(by_rank.items()):
             read, ckpt = cs["storage-read"], cs["storage-checkpoint"]
             client = ckpt.spec.src
-            procs.append(self.spawn(client, [
+            clients.append(self.spawn(client, [
                 sys.executable, "-m", "lab.storage", "client",
                 "--server", f"{ckpt.spec.dst_ip}:{kind.STORAGE_PORT}",
                 "--bind", self.ips[client], "--read-sport", str(read.spec.dport),
                 "--write-sport", str(ckpt.spec.sport), "--read-bps", str(st["read_mbps"] * 1e6),
                 "--checkpoint-bytes", str(st["checkpoint_bytes"]),
                 "--every-s", str(st["every_s"]), "--first-at-s", str(st["first_at_s"]),
-                "--duration-s", str(duration_s), "--out", str(work / f"client{r}.json")],
+                "--duration-s", str(duration_s), "--out", str(work / f"client{r}.json"),
+                "--ready-file", str(work / f"client{r}.ready")],
                 work / f"client{r}.log", f"storage client {r}"))
-        return procs
+        return procs, clients, [work / f"client{r}.ready" for r in sorted(by_rank)]
 
     def wait_listening(self, host: str, port: int, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -478,8 +480,11 @@ class JobRun:
             ecn0 = self.ecn_counters()
             tcp0 = {h: tcp_counters(self.host(h).pid) for h in watched_hosts}
             t_start = time.monotonic() - sampler.t0
+            clients: list[subprocess.Popen] = []
+            storage_ready: list[Path] = []
             if sconns:
-                procs += self.start_storage(pp, sconns, work, estimate)
+                servers, clients, storage_ready = self.start_storage(pp, sconns, work, estimate)
+                procs += servers + clients
             if job["pattern"] == "incast":
                 rx = conns[0].spec.dst
                 capture = ecnwire.start_capture(self.host(rx).popen,
@@ -489,6 +494,8 @@ class JobRun:
                 workers = self.start_incast(pp, conns, work)
             else:
                 workers = self.start_ring(pp, hosts, conns, work)
+            if storage_ready:           # every GPU's checkpoints together, with the job
+                programs.go(storage_ready, clients)
             procs += workers
             self.progress(f"[{name}] {len(hosts)} workers on {', '.join(hosts)}: "
                           f"{job['steps']} steps of {job['pattern']} "

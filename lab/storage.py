@@ -9,7 +9,13 @@ source ports so the switches can count each connection.
 
 ``python -m lab.storage serve --listen IP:PORT --out FILE``
 ``python -m lab.storage client --server IP:PORT --bind IP --read-sport P --write-sport Q
---read-bps R --checkpoint-bytes C --every-s T --first-at-s D --duration-s X --out FILE``
+--read-bps R --checkpoint-bytes C --every-s T --first-at-s D --duration-s X --out FILE
+[--ready-file F]``
+
+With ``--ready-file`` the client connects, says ready and starts its clock on the lab's go
+(:mod:`lab.golatch`): every GPU's checkpoints then start together, as a job's do. Started
+one after another, eight clients' checkpoints were spread over a second and covered most
+steps, so the steps "outside" a checkpoint were too few to compare.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from lab import golatch
 
 CHUNK = 64 * 1024
 _BUF = bytes(CHUNK)
@@ -128,7 +136,9 @@ def client(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     result: dict[str, Any] = {"checkpoints": [], "read_bytes": 0, "error": None,
-                              "clock": "monotonic"}
+                              "clock": "monotonic", "t0": None}
+    if args.ready_file:
+        golatch.hold()
     try:
         reader = _connect(args.server, args.bind, args.read_sport, 10) \
             if args.read_bps > 0 else None
@@ -136,6 +146,8 @@ def client(args: argparse.Namespace) -> int:
         writer.sendall(b"W\n")
         if reader is not None:
             reader.sendall(f"R {args.read_bps}\n".encode())
+        if args.ready_file and not golatch.ready_then_wait(args.ready_file, args.go_timeout):
+            raise TimeoutError(f"no go within {args.go_timeout:g} s")
 
         def read_loop() -> None:
             buf = bytearray(CHUNK)
@@ -154,7 +166,7 @@ def client(args: argparse.Namespace) -> int:
 
         if reader is not None:
             threading.Thread(target=read_loop, daemon=True).start()
-        t0 = time.monotonic()
+        t0 = result["t0"] = time.monotonic()
         next_at = t0 + args.first_at_s
         end = t0 + args.duration_s
         while not stop.is_set() and time.monotonic() < end:
@@ -196,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--first-at-s", type=float, default=1.0)
     c.add_argument("--duration-s", type=float, required=True)
     c.add_argument("--out", required=True)
+    c.add_argument("--ready-file", help="write this file once connected, then start only "
+                   "on SIGUSR1 (every client's checkpoints start together)")
+    c.add_argument("--go-timeout", type=float, default=120.0,
+                   help="with --ready-file: give up if no SIGUSR1 comes within this long")
     args = p.parse_args(argv)
     if args.mode == "serve":
         return serve(args.listen, Path(args.out))

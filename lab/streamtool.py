@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab import streams
+from lab import golatch, streams
 
 #: UDP socket buffers: big enough that the *link's* queue, not a socket, drops the datagrams.
 UDP_SOCKET_BUFFER = 4 << 20
@@ -105,17 +105,12 @@ class Sender:
         self.elapsed_s = 0.0
 
     def _wait_for_go(self) -> None:
-        """With ``--ready-file``: say the socket is ready, then wait for the lab's go.
-
-        Programs that start one after another start their streams one after another too:
-        under software emulation seconds apart, so streams meant to meet on an uplink would
-        barely overlap. The lab says go once every sender of the phase is ready.
-        """
+        """With ``--ready-file``: say the socket is ready, then wait for the lab's go, so
+        that every stream of a phase starts together (:mod:`lab.golatch`)."""
         a = self.args
         if not a.ready_file:
             return
-        Path(a.ready_file).write_text("ready\n")
-        if signal.sigtimedwait({signal.SIGUSR1}, a.go_timeout) is None:
+        if not golatch.ready_then_wait(a.ready_file, a.go_timeout):
             raise StopRequestedError(f"no go within {a.go_timeout:g} s")
 
     def _tcp_socket(self) -> socket.socket:
@@ -284,8 +279,8 @@ def _force_buffer(sock: socket.socket, opt: int, size: int) -> None:
 
 
 def cmd_send(args: argparse.Namespace) -> int:
-    if args.ready_file:     # held until waited for: an early "go" must not kill the sender
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    if args.ready_file:
+        golatch.hold()
     sender = Sender(args)
     try:
         if args.proto == "tcp":

@@ -27,7 +27,6 @@ import itertools
 import json
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -36,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab import diagnose, edgecontrol, frr, routerstats, telemetry
+from lab import diagnose, edgecontrol, frr, programs, routerstats, telemetry
 from lab.edge import CORE, GATEWAY_IP
 from lab.edgecontrol import FiveTuple
 from lab.errors import MachineError, ScenarioError
@@ -51,8 +50,6 @@ CORE_FABRIC_INTF = f"{CORE}-eth0"
 PHASES = ("before-upgrade", "incident", "fix-hash", "fix-placement", "failover-link",
           "failover-border")
 PLAYER_PORT_BASE = 9000
-#: Seconds a player may take to say it is ready before it counts as hung.
-PLAYER_READY_TIMEOUT_S = 60.0
 SAMPLE_HZ = 10.0
 #: A seed search stops at the first seed pair whose predicted hottest uplink stays below
 #: this share of its rate.
@@ -181,25 +178,6 @@ def plan(topo_desc: dict[str, Any], params: dict[str, Any],
 
 
 # -- running ---------------------------------------------------------------------------------
-def _wait_ready(ready: list[Path], procs: list[Any],
-                stop_at_death: bool = False) -> tuple[list[str], list[str]]:
-    """Wait for each program's ready file; returns the files of those that exited without
-    one and of those still waiting when PLAYER_READY_TIMEOUT_S ran out.
-
-    The bound only catches a hung program: a Python start-up takes 0.2 s here but seconds
-    under a VM's software CPU (TCG). ``stop_at_death``: return as soon as one has died.
-    """
-    deadline = time.monotonic() + PLAYER_READY_TIMEOUT_S
-    while True:
-        dead = [str(r) for r, p in zip(ready, procs, strict=True)
-                if p.poll() is not None and not r.exists()]
-        waiting = [str(r) for r, p in zip(ready, procs, strict=True)
-                   if p.poll() is None and not r.exists()]
-        if not waiting or (dead and stop_at_death) or time.monotonic() > deadline:
-            return dead, waiting
-        time.sleep(0.02)
-
-
 class EdgeRun:
     """The running edge: fabric, routers, counters; runs one phase after the other."""
 
@@ -556,8 +534,8 @@ class EdgeRun:
                    "--bind", group[0].dst_ip, "--port", str(group[0].dport),
                    "--streams", str(len(group)),
                    # A guard against senders that never come, not a schedule: the senders
-                   # start after every player is ready, which may take PLAYER_READY_TIMEOUT_S.
-                   "--timeout", f"{duration + PLAYER_READY_TIMEOUT_S + 25:g}",
+                   # start after every player is ready, which may take programs.READY_TIMEOUT_S.
+                   "--timeout", f"{duration + programs.READY_TIMEOUT_S + 25:g}",
                    "--ready-file", str(rf), "--out", str(work / f"{dst}.play.json")]
             proc = node.popen(cmd, stdout=open(work / f"{dst}.play.log", "wb"),  # noqa: SIM115
                               stderr=subprocess.STDOUT)
@@ -565,7 +543,7 @@ class EdgeRun:
             procs.append(proc)
             ready.append(rf)
         # A player says it is ready by its file; one that died is reported at once.
-        dead, waiting = _wait_ready(ready, procs, stop_at_death=True)
+        dead, waiting = programs.wait_ready(ready, procs, stop_at_death=True)
         if dead or waiting:
             raise MachineError("streams", f"players not ready "
                                f"({'exited' if dead else 'timed out'}): {dead or waiting}")
@@ -587,13 +565,8 @@ class EdgeRun:
             proc = self.host(s.src).popen(cmd, stdout=log, stderr=subprocess.STDOUT)
             self.fabric.record.add_pid(proc.pid, f"sender {s.id}")
             procs.append(proc)
-        # Every stream of the phase starts at once: go (SIGUSR1) when all are connected.
-        # One that died or hangs gets no wait beyond the players' bound; its log and its
-        # missing summary say what happened, and the others go.
-        _wait_ready([work / f"{s.stream_id}.send.ready" for s in streams], procs)
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGUSR1)
+        # Every stream of the phase starts at once, when all are connected.
+        programs.go([work / f"{s.stream_id}.send.ready" for s in streams], procs)
         return procs
 
     def host(self, name: str) -> Any:

@@ -131,9 +131,12 @@ def test_ring_metrics_follow_nccl_tests():
     assert len(mt["step_series"]) == 3 and mt["step_series"][1]["collided"]
 
 
-def test_checkpoint_overlap():
-    steps = [{"t_start": 0.0, "t_end": 1.0}, {"t_start": 1.0, "t_end": 2.0}]
+def test_checkpoint_overlap_is_with_the_steps_communication():
+    steps = [{"t_start": 0.0, "t_comm_start": 0.25, "t_end": 1.0},
+             {"t_start": 1.0, "t_comm_start": 1.25, "t_end": 2.0}]
     assert [jm.overlaps(s, [(0.9, 0.95)]) for s in steps] == [True, False]
+    # A checkpoint that ended while the step computed did not share its NIC with it.
+    assert [jm.overlaps(s, [(0.5, 1.1)]) for s in steps] == [True, False]
 
 
 def test_percentile_and_queue_delay():
