@@ -6,7 +6,7 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: setup vm-setup demo test test-vm unit lint bench clean
+.PHONY: setup vm-setup demo test test-vm unit lint architecture bench clean
 
 setup:
 	bash lab/setup.sh
@@ -24,6 +24,14 @@ demo: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
+
+# ARCHITECTURE.md's picture of the layers, drawn from the code's imports (import-linter's
+# drawgraph, rendered by Graphviz).
+architecture: setup
+	command -v dot >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q graphviz
+	$(VENV)/bin/import-linter drawgraph lab --show-cycle-breakers > docs/architecture.dot
+	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 
 test: setup lint
 	$(PY) -m pytest

@@ -13,14 +13,17 @@ setup(
     install_requires=[
         "os-ken>=4.2",      # maintained Ryu fork; Ryu 4.34 lives in its own venv (lab/setup.sh)
         "PyYAML>=6.0",
-        "scapy>=2.5",       # 5-tuple traceroute probes (lab/probe.py)
+        "scapy>=2.5",       # 5-tuple traceroute probes (lab/agents/probe.py)
         "matplotlib>=3.7",  # report.html's plots (lab/report.py)
         "pytest>=8",        # the `fabric` fixture users import (lab/testing.py)
         # Counters and queues read over rtnetlink in-process, one socket per namespace
-        # (lab/telemetry.py): a `tc` spawn per sample ate a slow machine's CPU headroom.
+        # (lab/measure/telemetry.py): a `tc` spawn per sample ate a slow machine's CPU headroom.
         "pyroute2>=0.9,<0.10",
     ],
-    extras_require={"dev": ["ruff>=0.6", "hypothesis>=6.100"]},  # fuzzed input tests
+    extras_require={"dev": ["ruff>=0.6",
+                            "hypothesis>=6.100",      # fuzzed input tests
+                            # the layers' contracts (setup.cfg), run by `make lint`
+                            "import-linter>=2.1,<3"]},
     entry_points={"console_scripts": ["fabriclab = lab.cli:main"],
                   # Users' own test suites get the `fabric` fixture without any set-up.
                   "pytest11": ["fabriclab = lab.testing"]},

@@ -22,10 +22,11 @@ from mininet.log import setLogLevel
 from mininet.net import Mininet
 from mininet.node import OVSSwitch
 
-from lab import environment, run, state
-from lab.controller import Controller
-from lab.fabric import LabControllerRef, controller_config, ping_all, planned_names
-from lab.topologies import describe, make_topology
+from lab import run
+from lab.machine import environment, state
+from lab.net.controller import Controller
+from lab.net.fabric import LabControllerRef, controller_config, ping_all, planned_names
+from lab.net.topologies import describe, make_topology
 
 CASES = {
     "leafspine 2x4, 8 hosts": {"type": "leafspine", "spines": 2, "leaves": 4,

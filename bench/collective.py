@@ -1,4 +1,4 @@
-"""The four GPU scenarios against issue 4's speed targets.
+"""The four GPU scenarios against their speed targets.
 
 For each scenario: wall time of `fabriclab run` with defaults (target <= 90 s on 2 cores),
 minimum CPU idle (fidelity), the workers' own CPU time, and the step clock's resolution

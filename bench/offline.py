@@ -1,8 +1,8 @@
-"""Offline policy evaluation speed (issue 5 part 2): decisions per second of every policy.
+"""Offline policy evaluation speed: decisions per second of every policy.
 
-For each registered policy: ``lab.offline.throughput`` (its ``choose``, plus ``placed`` for a
-policy that keeps state, on synthetic 5-tuples; median of ``--runs``), and the whole
-evaluator around it (``bucket_eval``: 8 flows per set on 2 ports, a fresh policy per set),
+For each registered policy: ``lab.analysis.offline.throughput`` (its ``choose``, plus
+``placed`` for a policy that keeps state, on synthetic 5-tuples; median of ``--runs``), and
+the whole evaluator around it (``bucket_eval``: 8 flows per set on 2 ports, a fresh policy per set),
 both in flows/s. Target: >= 100k flows/s for the hash policies on 2 cores, so that the
 thousands of sets that make a collision probability take well under a second. Stateful
 policies are measured too but have no target: they trade speed for what they remember.
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from controllers import policies
-from lab import offline
+from lab.analysis import offline
 
 TARGET_FLOWS_S = 100_000.0
 #: The policies the target is for: the pure hashes, whose decision is one CRC.

@@ -1,4 +1,4 @@
-"""`fabriclab regress` against issue 5's speed target: 3 scenarios x 5 trials <= 10 min.
+"""`fabriclab regress` against its speed target: 3 scenarios x 5 trials <= 10 min.
 
 Runs the default regression (ecmp-basic, ecmp-one-pair, allreduce-ecmp, seeds 1..5) for one
 policy, writing a baseline, and reports the wall time, the time per trial and how many trials

@@ -37,7 +37,7 @@ MAX_FLOWS = 128
 #: The line ``lab.run.bring_up`` prints once the lab lock is held: the time before it is
 #: waiting for other engineers' runs, not this fabric's cost.
 STARTED_MARK = "bringing up"
-#: The issue's policy: the controller installs every flow on packet-in, so it is the one
+#: The policy measured: the controller installs every flow on packet-in, so it is the one
 #: whose controller work grows with the fabric. ``ovs-select`` (the switch hashes by itself)
 #: is the comparison that tells the controller's share from the datapath's.
 DEFAULT_POLICY = "hash5"

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from lab import state  # noqa: E402
+from lab.machine import state  # noqa: E402
 from tests.integration.support import lab_leftovers, lab_turn, record_of  # noqa: E402
 
 FABRICLAB = [sys.executable, "-m", "lab.cli"]

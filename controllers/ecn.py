@@ -1,6 +1,6 @@
 """ECN marking on the switches' egress ports: the mechanism the controller programs.
 
-A port's queue is the lab's htb class ``1:1`` with a bfifo leaf ``10:`` (lab/links.py). Two
+A port's queue is the lab's htb class ``1:1`` with a bfifo leaf ``10:`` (lab/net/links.py). Two
 ways to make it mark, picked by the lab from what the kernel has (``Environment.ecn``):
 
 ``red``
@@ -115,11 +115,16 @@ def dctcp_k_bytes(rate_bps: float, rtt_s: float) -> tuple[int, dict[str, Any]]:
                "k_bytes": k}
 
 
-def htb_burst_bytes(rate_bps: int) -> int:
-    """The htb burst lab/links.py gives a port: 2 ms at the rate, at least one TSO
-    super-packet. (Repeated here: the controller cannot import the lab, which needs
-    Mininet.)"""
-    return max(70_000, int(rate_bps / 8 * 0.002))
+#: The least htb burst of a port: one TSO super-packet. With userspace TSO the datapath
+#: hands 64 KiB segments to the veth; a smaller burst makes htb under-run the rate.
+MIN_HTB_BURST_BYTES = 70_000
+
+
+def htb_burst_bytes(rate_bps: float) -> int:
+    """The htb burst of every lab port (``lab/net/links.py`` shapes with it; marking at a
+    threshold is judged against it): 2 ms at the rate, at least one TSO super-packet.
+    Defined here, once: the controller cannot import the lab, the lab imports this."""
+    return max(MIN_HTB_BURST_BYTES, int(rate_bps / 8 * 0.002))
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,13 @@ import json
 import sys
 from pathlib import Path
 
-from lab.errors import LabError
+from lab.model.errors import LabError
 
 EXIT_BAD_INPUT = 2
 
 
 def _cmd_list(_args: argparse.Namespace) -> int:
-    from lab import scenario
+    from lab.model import scenario
     for sc in scenario.list_scenarios():
         first = sc.description.splitlines()[0] if sc.description else ""
         print(f"{sc.name:20s} {first}")
@@ -59,7 +59,7 @@ def _policies_wanted(args: argparse.Namespace) -> list[str]:
     for spec in args.policy_file or []:
         from controllers import policies
         if not policies.is_file_spec(spec):
-            from lab.errors import ScenarioError
+            from lab.model.errors import ScenarioError
             raise ScenarioError("policy-file", f"{spec!r} is not a .py file "
                                 "(give path/to/file.py or path/to/file.py:ClassName)")
     return wanted or ["hash5"]
@@ -90,8 +90,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     a, b = Path(args.a), Path(args.b)
     out = Path(args.out) if args.out else a.parent / f"compare-{a.name}-{b.name}.html"
     path = report.write_compare(a, b, out)
-    ra = json.loads((a / "result.json").read_text())
-    rb = json.loads((b / "result.json").read_text())
+    ra, rb = report.load_result(a), report.load_result(b)
     rows = report.compare_rows(ra, rb)
     head = ("metric", f"A ({ra.get('policy')})", f"B ({rb.get('policy')})", "B - A")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(4)]
@@ -102,13 +101,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_policy_check(args: argparse.Namespace) -> int:
-    from lab import offline
+    from lab.analysis import offline
     return offline.main_check(args)
 
 
 def _cmd_clean(_args: argparse.Namespace) -> int:
-    from lab import run, state
-    run.require_root()
+    from lab.machine import state
+    state.require_root()
     dead, alive = state.stale_records()
     for rec in alive:
         print(f"run {rec.run_id} (pid {rec.owner_pid}) is still running: left alone")
@@ -125,8 +124,10 @@ def _cmd_clean(_args: argparse.Namespace) -> int:
 
 
 def _cmd_topo(args: argparse.Namespace) -> int:
-    from lab import environment, run
-    from lab.topologies import make_topology
+    from lab import run
+    from lab.machine import environment, state
+    from lab.model.policies import policy_names
+    from lab.net.topologies import make_topology
     spec: dict[str, object] = {"type": args.type}
     if args.type == "leafspine":
         spec.update(spines=args.spines, leaves=args.leaves, hosts_per_leaf=args.hosts_per_leaf)
@@ -140,13 +141,13 @@ def _cmd_topo(args: argparse.Namespace) -> int:
     topo = make_topology(spec, machine_limits=args.workers is None)
     if args.workers is not None:
         # Planning for cluster mode / MaxiNet only: no root needed, nothing is started.
-        from lab.partition import partition, render
-        from lab.topologies import describe
+        from lab.analysis.partition import partition, render
+        from lab.net.topologies import describe
         desc = describe(topo)
         print(render(partition(desc, args.workers), desc))
         return 0
-    run.policy_names(args.policy)
-    run.require_root()
+    policy_names(args.policy)
+    state.require_root()
     env = environment.detect(args.controller)
     runtime = environment.pick_runtime(env.runtimes, args.controller)
     with run.fabric_session("topo", topo, env, runtime, args.policy, args.seed) as fabric:
@@ -165,7 +166,7 @@ def _cmd_topo(args: argparse.Namespace) -> int:
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from lab import diagnose
+    from lab.analysis import diagnose
     result = diagnose.select_phase(diagnose.load_result(args.result), args.phase)
     report = diagnose.diagnose(result)
     print(json.dumps(report, indent=1) if args.json else diagnose.render(report))
@@ -173,7 +174,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from lab import environment
+    from lab.machine import environment
     env = environment.detect(probe_runtimes=False)
     env.runtimes = {name: environment.runtime_version(name) for name in environment.RUNTIMES}
     try:
@@ -218,7 +219,8 @@ def _run_args(args: argparse.Namespace) -> list[str]:
 def _cmd_vm(args: argparse.Namespace) -> int:
     import shlex
 
-    from lab import run, vm
+    from lab import run
+    from lab.machine import vm
     progress = (lambda msg: print(msg, flush=True))  # noqa: E731
     try:
         if args.vm_command == "build":
@@ -230,7 +232,7 @@ def _cmd_vm(args: argparse.Namespace) -> int:
             if args.cmd[:1] == ["--"]:
                 args.cmd = args.cmd[1:]
             if not args.cmd:
-                from lab.errors import ScenarioError
+                from lab.model.errors import ScenarioError
                 raise ScenarioError("vm exec", "give a command: fabriclab vm exec -- CMD ...")
             out = Path(args.out) if args.out else None
             return vm.execute(shlex.join(args.cmd), out, progress)

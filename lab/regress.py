@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
-from lab.errors import LabError
+from lab.model.errors import LabError
 
 BASELINE_SCHEMA = "fabriclab-baseline/1"
 DEFAULT_SCENARIOS = ("ecmp-basic", "ecmp-one-pair", "allreduce-ecmp")

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from lab import regress
-from lab.progress import Bar
+from lab.machine import state
+from lab.machine.progress import Bar
 
 
 @dataclass
@@ -48,7 +49,6 @@ class Plan:
 
 def resolve(req: Request) -> Plan:
     """Fill the request's gaps from the baseline (scenarios, seeds, sets) and validate."""
-    from lab.run import require_root
     if req.update_baseline:
         if req.baseline is None:
             raise regress.RegressError("baseline", "--update-baseline needs --baseline FILE")
@@ -77,7 +77,7 @@ def resolve(req: Request) -> Plan:
         else:
             sets, duration = list(req.sets or []), req.duration
         per_scenario[name] = (sets, duration)
-    require_root()
+    state.require_root()
     for name, (sets, duration) in per_scenario.items():
         regress.validate_inputs([name], req.policies, sets, duration)
     out = req.out or Path("results") / f"regress-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.errors import LabError
-from lab.jobmetrics import percentile
+from lab.model.result import ResultError, load_result
+from lab.model.stats import percentile
 
 #: Plot size: 8 in at 100 dpi is 800 px, readable in a report and on a laptop screen.
 WIDTH_IN, DPI = 8.0, 100
@@ -49,43 +49,12 @@ REPORT_NAME = "report.html"
 COMPARE_NAME = "compare.html"
 
 
-class ReportError(LabError):
-    """A run directory a report cannot be made from: no result.json, or not a result."""
+ReportError = ResultError
 
 
 # --------------------------------------------------------------------------------------------
 # Reading a run
 # --------------------------------------------------------------------------------------------
-
-
-def load_result(run_dir: Path) -> dict[str, Any]:
-    """``run_dir``/result.json, or a ReportError that names the file and what is wrong.
-
-    A report is often asked for the wrong directory (``results/`` instead of one run in it)
-    or for a run that was killed while writing; the message says which.
-    """
-    run_dir = Path(run_dir)
-    path = run_dir / "result.json"
-    if not run_dir.is_dir():
-        raise ReportError(str(run_dir), "no such run directory")
-    if not path.is_file():
-        runs = sorted(p.parent.name for p in run_dir.glob("*/result.json"))
-        hint = (f"; it holds runs, pick one: {', '.join(runs[:5])}" if runs
-                else "; a finished `fabriclab run` writes it in its output directory")
-        raise ReportError(str(path), f"not found{hint}")
-    try:
-        result = json.loads(path.read_bytes())
-    except OSError as e:
-        raise ReportError(str(path), f"cannot be read: {e.strerror or e}") from e
-    except json.JSONDecodeError as e:
-        raise ReportError(str(path), f"not valid JSON (line {e.lineno}, column {e.colno}: "
-                                     f"{e.msg}); was the run stopped while writing it?") from e
-    except ValueError as e:            # bytes that are not UTF-8/16/32 text
-        raise ReportError(str(path), f"not valid JSON ({e})") from e
-    if not isinstance(result, dict):
-        raise ReportError(str(path), f"not a FabricLab result: the top level is a "
-                                     f"{type(result).__name__}, not an object")
-    return result
 
 
 def kind_of(result: dict[str, Any]) -> str:

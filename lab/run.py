@@ -9,7 +9,6 @@ through the same teardown; ``kill -9`` leaves a record that ``fabriclab clean`` 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import time
@@ -20,13 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from controllers import policies
-from lab import diagnose, environment, faults, kinds, scenario, state, telemetry
-from lab.errors import MachineError, ScenarioError
-from lab.fabric import Fabric
-from lab.progress import Ticker
-from lab.result import SCHEMA_VERSION, flow_entries, link_entries, validate
-from lab.topologies import build_defaults, describe, make_topology, refuse_without_netem
-from lab.traffic import FlowRunner, FlowSpec
+from lab import kinds
+from lab.machine import environment, state
+from lab.model import scenario
+from lab.model.errors import MachineError
+from lab.model.flows import FlowSpec
+from lab.model.policies import policy_names
+from lab.model.result import validate
+from lab.net.fabric import Fabric
+from lab.net.topologies import build_defaults, describe, make_topology, refuse_without_netem
 
 #: A phase whose least idle second had less CPU to spare than this ran CPU-bound: its
 #: numbers describe the emulator, not the network, and are flagged invalid.
@@ -34,12 +35,6 @@ MIN_CPU_IDLE_PCT = 10.0
 SAMPLE_HZ = 10.0
 
 Progress = Callable[[str], None]
-
-
-def require_root() -> None:
-    if os.geteuid() != 0:
-        raise MachineError("user", "fabriclab must run as root: it creates namespaces, "
-                           "veths and OVS bridges (try: sudo fabriclab ...)")
 
 
 @dataclass
@@ -73,19 +68,6 @@ class Plan:
         if policies.is_file_spec(self.policy):
             fields["policy_file"] = self.policy
         return fields
-
-
-def policy_names(wanted: str) -> list[str]:
-    """The policies ``wanted`` means (``all``, a name, or ``file.py[:Class]``), checked."""
-    if wanted == "all":
-        return policies.available()
-    try:
-        policies.resolve(wanted)
-    except policies.PolicyFileError as exc:
-        raise ScenarioError("policy-file", str(exc).split(": ", 1)[-1]) from None
-    except policies.UnknownPolicy as exc:
-        raise ScenarioError("policy", str(exc).split(": ", 1)[-1]) from None
-    return [wanted]
 
 
 @dataclass
@@ -140,7 +122,7 @@ def make_plans(name: str, policy: str | None = None, sets: list[str] | None = No
                runtime: str | None = None) -> list[Plan]:
     """Validate everything and return one plan per policy to run."""
     given = check_input(name, policy, sets, duration, seed)
-    require_root()
+    state.require_root()
     env = environment.detect(runtime)
     if env.datapath == "user" and not env.userspace_tso:
         raise MachineError("ovs", "; ".join(env.notes) or "userspace TSO is off")
@@ -159,59 +141,39 @@ def default_out_dir(scenario_name: str) -> Path:
 def fabric_session(label: str, topo: Any, env: environment.Environment, runtime: str,
                    policy: str, seed: int) -> Iterator[Fabric]:
     """Lock the lab, record the run, yield an unstarted fabric; tear down on any exit."""
-    lock = state.LabLock()
-    lock.acquire()
-    run_id = f"{label}-{int(time.time() * 1000)}-{os.getpid()}"
-    # Every process the lab spawns inherits this marker: `clean` finds them by it.
-    os.environ[state.RUN_ENV] = run_id
-    record = state.RunRecord.new(run_id)
-    work = state.STATE_DIR / "work" / run_id
-    work.mkdir(parents=True, exist_ok=True)
-    record.paths.append(str(work))
-    record.save()
-    fabric = Fabric(topo, env, runtime, policy, seed, work, record)
-    try:
-        with state.signals_as_exit():
-            yield fabric
-    finally:
-        fabric.stop()
-        lock.release()
-        os.environ.pop(state.RUN_ENV, None)
+    with state.run_session(label) as (record, work):
+        fabric = Fabric(topo, env, runtime, policy, seed, work, record)
+        try:
+            with state.signals_as_exit():
+                yield fabric
+        finally:
+            fabric.stop()
 
 
 def execute(plan: Plan, out_dir: Path, progress: Progress = print) -> dict[str, Any]:
-    """Run one plan on a fresh fabric; returns the result (also written to out_dir)."""
-    if hasattr(plan.kind, "execute"):          # a kind with phases of its own
-        return plan.kind.execute(plan, out_dir, progress)
+    """Run one plan on a fresh fabric; returns the result (also written to out_dir).
+
+    The one template for every kind (``lab.kinds.base``): the kind's own checks, the lab's
+    session, the kind's run, its logs kept whatever happened, timings, the result held to
+    the schema and written.
+    """
+    kind = plan.kind
+    prepared = kind.prepare(plan) if hasattr(kind, "prepare") else None
     out_dir.mkdir(parents=True, exist_ok=True)
     t_run = time.monotonic()
     with fabric_session(f"{plan.scenario.name}-{plan.policy_label}", plan.topology(), plan.env,
                         plan.runtime, plan.policy, int(plan.params["seed"])) as fabric:
         try:
-            loss = bring_up(plan, fabric, progress)
-            result = _traffic_phase(plan, fabric, progress)
+            result = kind.run(plan, fabric, progress, prepared)
         finally:
-            _keep_logs(fabric.run_dir, out_dir)
-    result["metrics"]["pingall_loss_pct"] = loss
-    if loss > 0:
-        result["fidelity"]["valid"] = False
-        result["fidelity"]["notes"].append(f"pingall lost {loss:.0f}% before traffic")
-    result["timings"] = {k: round(v, 3) for k, v in fabric.timings.items()}
-    result["timings"]["wall_s"] = round(time.monotonic() - t_run, 3)
+            keep_logs(fabric.run_dir, out_dir)
+            if hasattr(kind, "keep_logs"):
+                kind.keep_logs(fabric.run_dir, out_dir)
+    timings = result.setdefault("timings", {})
+    timings.update({k: round(v, 3) for k, v in fabric.timings.items()})
+    timings["wall_s"] = round(time.monotonic() - t_run, 3)
     write_result(result, out_dir)
     return result
-
-
-def bring_up(plan: Plan, fabric: Fabric, progress: Progress) -> float:
-    """Start the fabric and ping all pairs, saying so; returns the pingall loss in %."""
-    progress(f"[{plan.policy_label}] bringing up {plan.topo_desc['type']} "
-             f"({len(plan.topo_desc['switches'])} switches, "
-             f"{len(plan.topo_desc['hosts'])} hosts), controller {plan.runtime}")
-    fabric.start()
-    loss = fabric.pingall()
-    progress(f"[{plan.policy_label}] up in {fabric.timings['ready_s']:.1f} s; "
-             f"pingall loss {loss:.0f}%")
-    return loss
 
 
 def write_result(result: dict[str, Any], out_dir: Path) -> None:
@@ -225,109 +187,12 @@ def write_result(result: dict[str, Any], out_dir: Path) -> None:
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
 
 
-def _keep_logs(work: Path, out_dir: Path) -> None:
+def keep_logs(work: Path, out_dir: Path) -> None:
     """Copy the controller log and iperf3 JSON out of the work dir before it is removed."""
     if (work / "controller.log").exists():
         shutil.copy(work / "controller.log", out_dir / "controller.log")
     if (work / "iperf3").is_dir():
         shutil.copytree(work / "iperf3", out_dir / "iperf3", dirs_exist_ok=True)
-
-
-def _traffic_phase(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
-    assert fabric.controller is not None
-    duration = float(plan.params["duration"])
-    watch = [e for i, f in enumerate(plan.flows) for e in f.watch_entries(i)]
-    fabric.controller.request({"cmd": "watch", "flows": watch})
-    planned_faults = faults.parse(plan.params.get("faults"), plan.topo_desc, duration)
-    runner = FlowRunner(fabric, plan.flows, fabric.run_dir, fabric.record,
-                        interval_s=faults.INTERVAL_S if planned_faults else None)
-    ports = telemetry.fabric_ports(plan.topo_desc)
-    sampler = telemetry.Sampler(ports, hz=SAMPLE_HZ, controller=fabric.controller)
-    bridges = [s["name"] for s in plan.topo_desc["switches"]]
-    injector = faults.Injector(planned_faults, fabric.controller, bridges)
-    try:
-        runner.start_servers()
-        sampler.start()
-        flows0 = {br: telemetry.flow_counters(br) for br in bridges}
-        before = telemetry.snapshot(ports)
-        t_start = time.monotonic() - sampler.t0
-        injector.t0 = runner.start_clients(duration)
-        if planned_faults:
-            injector.start()
-        progress(f"[{plan.policy_label}] {len(plan.flows)} flows for {duration:g} s ..."
-                 + "".join(f"\n  fault at {f.at:g} s: {f.label}" for f in planned_faults))
-        # CPU idle counts from when the last client was connected: starting them is set-up.
-        connected = runner.wait_connected()
-        t_fid = t_start if connected is None else connected - sampler.t0
-        with Ticker(duration, f"[{plan.policy_label}] traffic"):
-            runner.wait(timeout_s=duration + 15)
-        fabric.timings["traffic_s"] = time.monotonic() - sampler.t0 - t_start
-        injector.stop()
-        faults.restore(planned_faults)
-        after = telemetry.drained_snapshot(ports)
-        t_end = time.monotonic() - sampler.t0
-        flows1 = telemetry.settled_flow_counters(bridges)
-        status = fabric.controller.request({"cmd": "status"})
-    finally:
-        if injector.is_alive():
-            injector.stop()
-        runner.stop()
-        sampler.stop()
-    runner.collect()
-    # Counters are deltas between the two snapshots, so rates divide by the time between them.
-    measured = max(t_end - t_start, 1e-3)
-    counters = {br: {c: (v[0] - flows0[br].get(c, (0, 0))[0], v[1] - flows0[br].get(c, (0, 0))[1])
-                     for c, v in flows1[br].items()} for br in bridges}
-    result: dict[str, Any] = {
-        "schema": SCHEMA_VERSION, "scenario": plan.scenario.name, **plan.policy_fields(),
-        "seed": int(plan.params["seed"]), "duration_s": round(measured, 3),
-        "environment": plan.env.as_result(), "topology": plan.topo_desc,
-        "params": plan.params,
-        "links": link_entries(ports, before, after, sampler, measured, t_start),
-        "flows": flow_entries(plan.flows, counters, plan.topo_desc),
-        # What the controller did: per-flow decisions taken, port-load samples fed to a
-        # load-aware policy (0 for the others).
-        "controller": {k: status.get(k) for k in ("decisions", "port_samples")},
-    }
-    if planned_faults:
-        result["faults"] = faults.report(planned_faults, injector, status, plan.flows,
-                                         runner.dir, duration)
-        for f in result["flows"]:
-            f.update(result["faults"]["per_flow"][f["id"]])
-    result["metrics"] = plan.kind.analyse(result, plan.params)
-    judged = sampler.judge(t_start, t_fid, t_end)
-    idle = judged["cpu_idle_pct"]
-    notes = list(plan.env.notes)
-    if planned_faults:
-        result["metrics"]["faults"] = result["faults"]["summary"]
-        notes.append("faults injected (a flow's counters may show two paths, and bytes sent "
-                     "into a dead link are lost in the datapath): "
-                     + "; ".join(f.label for f in planned_faults))
-        notes += result["faults"]["errors"]
-    idle_min = judged["cpu_idle_min_pct"]
-    valid = idle_min >= MIN_CPU_IDLE_PCT
-    if not valid:
-        notes.append(f"CPU-bound: least idle second had {idle_min:.0f}% idle "
-                     f"(< {MIN_CPU_IDLE_PCT:g}%); numbers describe the emulator")
-    if planned_faults and result["faults"]["errors"]:
-        valid = False
-    errors = [f"{f['id']}: {f['error']}" for f in result["flows"] if f.get("error")]
-    if errors:
-        valid = False
-        notes += errors
-    unclean = [f["id"] for f in result["flows"] if not f["path_clean"]]
-    if unclean:
-        notes.append(f"flows whose counters do not form one path: {', '.join(unclean)}")
-    # With links failing, bytes sent into a dead link are lost by design and a flow's
-    # counters can show two paths: the path-based loss check has nothing sound to say.
-    unexplained = {} if planned_faults else diagnose.unexplained_loss(result)
-    if unexplained:
-        notes.append("bytes lost inside the switches' datapath, not in a configured queue: "
-                     + ", ".join(f"{k} {v} B" for k, v in unexplained.items()))
-    result["fidelity"] = {"cpu_idle_min_pct": idle_min, "cpu_idle_pct": idle, "valid": valid,
-                          "lab_cpu_pct": judged["lab_cpu_pct"], "window_s": judged["window_s"],
-                          "notes": notes, "datapath_loss_bytes": unexplained}
-    return result
 
 
 def write_report_quietly(out_dir: Path, log: Progress | None = None) -> Path | None:

@@ -82,7 +82,7 @@ if [ "$want" != "$allowed" ]; then
 fi
 
 # --- 3. Open vSwitch, as this kernel allows ------------------------------------------------
-"$SYS_PY" "$REPO/lab/ovs_service.py" ensure
+"$SYS_PY" "$REPO/lab/machine/ovs_service.py" ensure
 fi
 
 # --- 4. Python environments ----------------------------------------------------------------

@@ -17,7 +17,7 @@ class handed to the controller by its file (the controller imports that same fil
 switches run exactly the code under test). Each metric of ``lab.regress`` is an attribute with
 ``values``, ``mean``, ``p50``, ``p95`` and ``max``; ``r.results`` are the result.json contents,
 ``r.dirs`` their directories (report.html included), and ``r.predicted_imbalance`` what the
-policy function itself predicts for the same flows (``lab.predict``).
+policy function itself predicts for the same flows (``lab.analysis.predict``).
 
 The fixture skips, with the reason, on a machine that cannot emulate (not root, no Open
 vSwitch): a policy's unit tests should not fail because the laptop is not a lab.
@@ -107,7 +107,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def _cannot_emulate() -> str | None:
     if os.geteuid() != 0:
         return "FabricLab emulation needs root (namespaces, veths, OVS bridges)"
-    from lab import ovs_service
+    from lab.machine import ovs_service
     if not ovs_service.running():
         return "Open vSwitch is not running (run FabricLab's `make setup`)"
     return None

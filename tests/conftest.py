@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from lab import ovs_service
+from lab.machine import ovs_service
 
 
 def pytest_collection_modifyitems(config, items):

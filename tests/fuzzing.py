@@ -17,16 +17,17 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 
-from lab import kinds, scenario
-from lab.errors import LabError
-from lab.topologies import TOPOLOGIES, topology_class
+from lab import kinds
+from lab.model import scenario
+from lab.model.errors import LabError
+from lab.net.topologies import TOPOLOGIES, topology_class
 
 SCENARIOS = sorted(p.parent.name for p in scenario.scenarios_dir().glob("*/scenario.yaml"))
 TOPOLOGY_TYPES = ("leafspine", "fattree", "streaming-edge")
 
 
 def _topology_keys() -> list[str]:
-    from lab.edge import StreamingEdge
+    from lab.net.edge import StreamingEdge
     names = {"type"}
     for cls in [*TOPOLOGIES.values(), StreamingEdge]:
         names |= set(inspect.signature(cls.build).parameters) - {"self"}

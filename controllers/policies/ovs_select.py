@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from controllers.policies.base import FlowKey, HashPolicy, pack_5tuple, pack_l3, pick, seeded_crc
 
-#: Protocols whose L4 ports OVS's default select hash includes (PLATFORM.md: TCP and SCTP
-#: only; UDP flows between one host pair all hash alike).
+#: Protocols whose L4 ports OVS's default select hash includes (OVS's dp_hash
+#: fields: TCP and SCTP only; UDP flows between one host pair all hash alike).
 _L4_HASHED = frozenset({6, 132})
 #: Stands in for OVS's own hash basis; any constant would do, it only has to differ from
 #: the other policies' so the model does not accidentally agree with them.

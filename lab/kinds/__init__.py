@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from lab.errors import ScenarioError
+from lab.model.errors import ScenarioError
 
 KINDS = ("ecmp", "streaming", "collective")
 

@@ -17,8 +17,8 @@ Phases (``metrics.phases``, in this order):
 * ``failover-link`` / ``failover-border`` - the ``fix-hash`` set-up with the busiest uplink,
   then a border router, cut silently mid-phase (BFD must notice) and restored later.
 
-Mechanism lives in ``lab.edge`` (topology), ``lab.edgecontrol`` (hash, pinning, cuts),
-``lab.routerstats`` (router counters) and ``lab.streamtool`` (senders and players).
+Mechanism lives in ``lab.net.edge`` (topology), ``lab.net.edgecontrol`` (hash, pinning, cuts),
+``lab.measure.routerstats`` (router counters) and ``lab.agents.streamer`` (senders and players).
 """
 
 from __future__ import annotations
@@ -26,36 +26,40 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import shlex
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab import diagnose, edgecontrol, frr, programs, routerstats, telemetry
-from lab.edge import CORE, GATEWAY_IP
-from lab.edgecontrol import FiveTuple
-from lab.errors import MachineError, ScenarioError
-from lab.paths import adjacency, attachment, path_from_counters
-from lab.progress import Ticker
-from lab.result import SCHEMA_VERSION, link_entries
-from lab.scenario import Param, require
-from lab.traffic import FIXED_SPORTS, FlowSpec
+from controllers.ecn import htb_burst_bytes
+from lab import agents
+from lab.analysis import diagnose
+from lab.machine import programs
+from lab.machine.progress import Ticker
+from lab.measure import routerstats, telemetry
+from lab.measure.window import Window
+from lab.model.errors import MachineError, ScenarioError
+from lab.model.flowpaths import adjacency, attachment, path_from_counters
+from lab.model.flows import FIXED_SPORTS, FlowSpec
+from lab.model.result import SCHEMA_VERSION
+from lab.model.scenario import Param, require
+from lab.net import edgecontrol, frr
+from lab.net.edge import CORE, GATEWAY_IP
+from lab.net.edgecontrol import FiveTuple
 
 #: dccore's interface on the fabric (its port 0): where origin streams enter the routers.
 CORE_FABRIC_INTF = f"{CORE}-eth0"
 PHASES = ("before-upgrade", "incident", "fix-hash", "fix-placement", "failover-link",
           "failover-border")
 PLAYER_PORT_BASE = 9000
-SAMPLE_HZ = 10.0
 #: A seed search stops at the first seed pair whose predicted hottest uplink stays below
 #: this share of its rate.
 SEED_TARGET_UTIL = 0.7
 SEED_TRIES = 64
-MIN_CPU_IDLE_PCT = 10.0
 #: Phases after which every origin stream is traced with its own 5-tuple (scapy), routing
 #: still as it was: the operator's confirmation of what the counters say.
 PROBE_PHASES = ("incident", "fix-hash")
@@ -246,19 +250,19 @@ class EdgeRun:
 
     def start_sampling(self) -> None:
         """Fabric ports and router ports, sampled on one clock for the whole run."""
-        self.sampler = telemetry.Sampler(self.fports, hz=SAMPLE_HZ,
+        self.sampler = telemetry.Sampler(self.fports, hz=telemetry.SAMPLE_HZ,
                                          controller=self.fabric.controller)
         self.sampler.start()
         while not self.sampler.t0:        # t0 is set by the sampler thread itself
             time.sleep(0.005)
         self.rsampler = routerstats.RouterSampler(self.pids, self.rports, self.sampler.t0,
-                                                  hz=SAMPLE_HZ)
+                                                  hz=telemetry.SAMPLE_HZ)
         self.rsampler.start()
 
     def wan_delay(self) -> dict[str, float | None]:
         """{uplink port: one-way delay (ms) its root netem has}, read back from the kernel:
         what the uplinks got, not what was asked (without netem they get nothing)."""
-        from lab.links import root_netem_delay_ms
+        from lab.net.links import root_netem_delay_ms
         out: dict[str, float | None] = {}
         for p in self.rports:
             if p.role != "uplink":
@@ -311,8 +315,7 @@ class EdgeRun:
         return config
 
     def set_uplink_bw(self, bw: float) -> None:
-        from lab.links import htb_burst_bytes
-        burst = htb_burst_bytes(bw)
+        burst = htb_burst_bytes(bw * 1e6)
         for p in self.rports:
             if p.role == "uplink":
                 out = self.routers[p.node].cmd(
@@ -432,11 +435,10 @@ class EdgeRun:
         work.mkdir(parents=True, exist_ok=True)
         players = self.start_players(streams, work, duration)
         marks.append(("players", time.monotonic()))
-        before_f = telemetry.snapshot(self.fports)
+        window = Window(self.sampler, self.fports, self.bridges)
         before_r = routerstats.snapshot(self.pids, self.rports)
-        flows0 = {br: telemetry.flow_counters(br) for br in self.bridges}
         nft0 = {n: routerstats.read_flow_counters(p, self.intfs[n]) for n, p in self.pids.items()}
-        t_start = time.monotonic() - self.sampler.t0
+        window.open()
         t_unix = time.time()
         senders = self.start_senders(streams, work, duration)
         self.progress(f"[{phase}] {len(streams)} streams for {duration:g} s "
@@ -452,18 +454,15 @@ class EdgeRun:
                     proc.kill()
                     proc.wait()
         marks.append(("traffic", time.monotonic()))
-        after_f = telemetry.drained_snapshot(self.fports)
+        window.close()
         after_r = routerstats.snapshot(self.pids, self.rports)
-        t_end = time.monotonic() - self.sampler.t0
-        flows1 = telemetry.settled_flow_counters(self.bridges)
         nft1 = {n: routerstats.read_flow_counters(p, self.intfs[n]) for n, p in self.pids.items()}
-        measured_s = max(t_end - t_start, 1e-3)
+        t_start, t_end, measured_s = window.t_start, window.t_end, window.measured_s
         for s in streams:
             s.summary = self.read_stream(s, work)
-        ovs = {br: {c: (v[0] - flows0[br].get(c, (0, 0))[0], v[1] - flows0[br].get(c, (0, 0))[1])
-                    for c, v in flows1[br].items()} for br in self.bridges}
+        ovs = window.flow_deltas()
         nft = {n: routerstats.delta(nft1[n], nft0[n]) for n in nft1}
-        links = link_entries(self.fports, before_f, after_f, self.sampler, measured_s, t_start)
+        links = window.links()
         links += self.router_link_entries(before_r, after_r, measured_s, t_start, config)
         flows = [self.flow_entry(s, ovs, nft) for s in streams]
         marks.append(("collect", time.monotonic()))
@@ -479,7 +478,7 @@ class EdgeRun:
             t_fid = min(max(t_start, *(x["t0_monotonic"] - self.sampler.t0 for x in sent)), t_end)
             t_fid_end = min(max(t_fid, *(x["t0_monotonic"] + (x.get("elapsed_s") or 0)
                                          - self.sampler.t0 for x in sent)), t_end)
-        judged = self.sampler.judge(t_start, t_fid, t_fid_end)
+        judged = window.judge(t_fid, t_fid_end)
         return {"timings": {f"{b[0]}_s": round(b[1] - a[1], 3)
                             for a, b in itertools.pairwise(marks)},
                 "config": config, "duration_s": round(measured_s, 3), "links": links,
@@ -502,7 +501,7 @@ class EdgeRun:
         arg = json.dumps([[f["proto"], f["src_ip"], f["dst_ip"], f["sport"], f["dport"]]
                           for f in mine])
         origin = self.host(mine[0]["src"])
-        out = origin.cmd(f"{sys.executable} -m lab.probe --max-ttl 3 --timeout 2 "
+        out = origin.cmd(f"{shlex.join(agents.command('probe'))} --max-ttl 3 --timeout 2 "
                          f"--flows '{arg}'")
         start = out.find('{"flows"')
         traces = json.loads(out[start:])["flows"] if start >= 0 else [[] for _ in mine]
@@ -530,7 +529,7 @@ class EdgeRun:
         for dst, group in by_dst.items():
             node = self.host(dst)
             rf = work / f"{dst}.ready"
-            cmd = [sys.executable, "-m", "lab.streamtool", "play", "--proto", group[0].proto,
+            cmd = [*agents.command("streamer"), "play", "--proto", group[0].proto,
                    "--bind", group[0].dst_ip, "--port", str(group[0].dport),
                    "--streams", str(len(group)),
                    # A guard against senders that never come, not a schedule: the senders
@@ -553,7 +552,7 @@ class EdgeRun:
         procs = []
         sp = self.params["streams"]
         for s in streams:
-            cmd = [sys.executable, "-m", "lab.streamtool", "send", "--stream-id",
+            cmd = [*agents.command("streamer"), "send", "--stream-id",
                    str(s.stream_id), "--proto", s.proto, "--bind", s.src_ip, "--sport",
                    str(s.sport), "--dst", s.dst_ip, "--dport", str(s.dport), "--rate-mbps",
                    f"{s.rate_mbps:g}", "--fps", f"{sp['fps']:g}", "--duration", f"{duration:g}",
@@ -772,50 +771,38 @@ class RouteWatch(threading.Thread):
 
 
 # -- the whole run -----------------------------------------------------------------------------
-def execute(plan_: Any, out_dir: Path, progress: Any) -> dict[str, Any]:
-    from lab import run as runmod
-    out_dir.mkdir(parents=True, exist_ok=True)
-    t_run = time.monotonic()
-    with runmod.fabric_session(f"{plan_.scenario.name}-{plan_.policy_label}", plan_.topology(),
-                               plan_.env, plan_.runtime, plan_.policy,
-                               int(plan_.params["seed"])) as fabric:
-        fabric.gateways = frozenset({CORE})
-        try:
-            progress(f"bringing up streaming-edge: {len(plan_.topo_desc['switches'])} switches, "
-                     f"{len(plan_.topo_desc['routers'])} FRR routers, controller "
-                     f"{plan_.runtime}")
-            fabric.start()
-            edge = EdgeRun(plan_, fabric, progress)
-            timings = edge.start_routing()
-            progress(f"BGP up: sessions in {timings['bgp_established_s']:.2f} s, multipath "
-                     f"routes in {timings['routing_ready_s']:.2f} s")
-            bgp = edge.bgp_state()
-            wan = edge.wan_delay()
-            watch = [e for s in edge.streams for e in s.spec().watch_entries(s.index)]
-            reply = fabric.controller.request({"cmd": "watch", "flows": watch})
-            if not reply.get("ok"):
-                raise MachineError("controller", str(reply.get("error")))
-            edge.start_sampling()
-            phases: dict[str, Any] = {}
-            measured: dict[str, float] = {}
-            try:
-                for i, phase in enumerate(phase_names(plan_.params)):
-                    phases[phase] = edge.run_phase(phase, i, measured)
-                    if phase == "incident":
-                        measured = {f["id"]: f["bytes"] * 8 / phases[phase]["duration_s"] / 1e6
-                                    for f in phases[phase]["flows"]}
-                    progress(f"[{phase}] " + _phase_line(phase_metrics(phases[phase])))
-            finally:
-                edge.sampler.stop()
-                edge.rsampler.stop()
-            bgp_after = edge.bgp_state()
-        finally:
-            _keep_logs(fabric.run_dir, out_dir)
-    timings.update({k: round(v, 3) for k, v in fabric.timings.items()})
-    timings["wall_s"] = round(time.monotonic() - t_run, 3)
-    result = assemble(plan_, phases, bgp, bgp_after, timings, wan)
-    runmod.write_result(result, out_dir)
-    return result
+def run(plan_: Any, fabric: Any, progress: Any, _prepared: Any = None) -> dict[str, Any]:
+    """Bring the edge up (fabric, FRR routers, BGP), then the phases one after another."""
+    fabric.gateways = frozenset({CORE})
+    progress(f"bringing up streaming-edge: {len(plan_.topo_desc['switches'])} switches, "
+             f"{len(plan_.topo_desc['routers'])} FRR routers, controller "
+             f"{plan_.runtime}")
+    fabric.start()
+    edge = EdgeRun(plan_, fabric, progress)
+    timings = edge.start_routing()
+    progress(f"BGP up: sessions in {timings['bgp_established_s']:.2f} s, multipath "
+             f"routes in {timings['routing_ready_s']:.2f} s")
+    bgp = edge.bgp_state()
+    wan = edge.wan_delay()
+    watch = [e for s in edge.streams for e in s.spec().watch_entries(s.index)]
+    reply = fabric.controller.request({"cmd": "watch", "flows": watch})
+    if not reply.get("ok"):
+        raise MachineError("controller", str(reply.get("error")))
+    edge.start_sampling()
+    phases: dict[str, Any] = {}
+    measured: dict[str, float] = {}
+    try:
+        for i, phase in enumerate(phase_names(plan_.params)):
+            phases[phase] = edge.run_phase(phase, i, measured)
+            if phase == "incident":
+                measured = {f["id"]: f["bytes"] * 8 / phases[phase]["duration_s"] / 1e6
+                            for f in phases[phase]["flows"]}
+            progress(f"[{phase}] " + _phase_line(phase_metrics(phases[phase])))
+    finally:
+        edge.sampler.stop()
+        edge.rsampler.stop()
+    bgp_after = edge.bgp_state()
+    return assemble(plan_, phases, bgp, bgp_after, timings, wan)
 
 
 def wan_fidelity(asked_ms: float, got: dict[str, float | None]
@@ -836,10 +823,8 @@ def wan_fidelity(asked_ms: float, got: dict[str, float | None]
             f"WAN delay {asked_ms:g} ms asked, but {', '.join(wrong)} read back otherwise")
 
 
-def _keep_logs(work: Path, out_dir: Path) -> None:
-    """The controller's log (as every run keeps), the routers' logs and the streams' JSON."""
-    from lab import run as runmod
-    runmod._keep_logs(work, out_dir)
+def keep_logs(work: Path, out_dir: Path) -> None:
+    """The routers' logs and the streams' JSON (the controller's log is kept by every run)."""
     for log in work.glob("*/*.log"):
         (out_dir / "frr" / log.parent.name).mkdir(parents=True, exist_ok=True)
         shutil.copy(log, out_dir / "frr" / log.parent.name / log.name)
@@ -848,7 +833,7 @@ def _keep_logs(work: Path, out_dir: Path) -> None:
 
 
 def phase_metrics(ph: dict[str, Any]) -> dict[str, Any]:
-    """The per-phase summary issue 3 asks for, plus what explains it."""
+    """A phase's summary (frames lost, stalls, the hottest uplink), plus what explains it."""
     flows = ph["flows"]
     uplinks = {ln["name"]: ln for ln in ph["links"] if ln.get("role") == "uplink"
                and ln["node"].startswith("border")}
@@ -863,7 +848,7 @@ def phase_metrics(ph: dict[str, Any]) -> dict[str, Any]:
         "uplinks": {n: ln["util_mean"] for n, ln in uplinks.items()},
         "uplink_drops": {n: ln["drops"] for n, ln in uplinks.items()},
         "streams_lost_pct": round(100 * lost / expected, 3) if expected else 0.0,
-        "fidelity_valid": ph["cpu_idle_min_pct"] >= MIN_CPU_IDLE_PCT
+        "fidelity_valid": ph["cpu_idle_min_pct"] >= telemetry.MIN_CPU_IDLE_PCT
         and all(f["received"] for f in flows),
         "fidelity_window_s": ph.get("fidelity_window_s"),
         "hottest_uplink": hot["name"] if hot else None,
@@ -910,7 +895,7 @@ def assemble(plan_: Any, phases: dict[str, Any], bgp: dict[str, Any],
     valid = all(m["fidelity_valid"] for m in metrics["phases"].values())
     notes = list(plan_.env.notes)
     for n, p in phases.items():
-        if p["cpu_idle_min_pct"] < MIN_CPU_IDLE_PCT:
+        if p["cpu_idle_min_pct"] < telemetry.MIN_CPU_IDLE_PCT:
             notes.append(f"{n}: CPU-bound ({p['cpu_idle_min_pct']:.0f}% idle)")
     wan_fields, wan_note = wan_fidelity(float(plan_.topo_desc["params"].get("wan_delay_ms", 0)),
                                         wan)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.environment import qdisc_available
+from lab.machine.environment import qdisc_available
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "lab.cli"]
@@ -39,7 +39,7 @@ def pair():
     from mininet.log import setLogLevel
     from mininet.net import Mininet
 
-    from lab.links import ShapedIntf, ShapedLink
+    from lab.net.links import ShapedIntf, ShapedLink
     setLogLevel("warning")
     nets = []
 
@@ -125,7 +125,7 @@ def test_the_byte_queue_drops_at_its_limit_under_a_root_netem(pair, udp, slack):
 def test_telemetry_reads_the_byte_queue_not_the_delay_line(pair):
     """What the lab reports as a port's queue is the bfifo's backlog: under overload it
     stays within the byte limit even though netem holds a delay line's worth in flight."""
-    from lab.telemetry import qdisc_stats
+    from lab.measure.telemetry import qdisc_stats
     q_bytes = 20_000
     a, b = pair(bw=20, queue_bytes=q_bytes, delay_ms=20.0)
     dev = a.defaultIntf().name

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from lab import state
+from lab.machine import state
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "lab.cli"]
@@ -121,13 +121,15 @@ def spine_bytes_on_one_pair(policy: str, flows: list[tuple[int, int, int]],
     Python formatted with ``src`` and ``dst``. Returns {cookie: {spine: bytes}} and the
     controller's decisions during the sending.
     """
-    from lab import run, telemetry
+    from lab import run
+    from lab.kinds.base import bring_up
+    from lab.measure import telemetry
     (plan,) = run.make_plans("ecmp-one-pair", policy=policy, seed=1)
     hosts = {h["name"]: h["ip"] for h in plan.topo_desc["hosts"]}
     src, dst = hosts["h1"], hosts["h3"]
     with run.fabric_session(f"test-{plan.policy_label}", plan.topology(), plan.env, plan.runtime,
                             plan.policy, 1) as fabric:
-        run.bring_up(plan, fabric, print)
+        bring_up(plan, fabric, print)
         assert fabric.controller is not None
         fabric.controller.request({"cmd": "watch", "flows": [
             {"cookie": c, "proto": 17, "src": src, "dst": dst, "sport": sp, "dport": dp}

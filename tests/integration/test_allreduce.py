@@ -16,10 +16,10 @@ import json
 
 import pytest
 
-from lab.result import validate
+from lab.model.result import validate
 from tests.integration.support import check_links_agree_with_flows, fabriclab
 
-#: Issue 4: on an uncongested fabric the measured ring time is within 25 % of 2(N−1)/N·S/B.
+#: On an uncongested fabric the measured ring time is within 25 % of 2(N−1)/N·S/B.
 IDEAL_TOL = 0.25
 
 

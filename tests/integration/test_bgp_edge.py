@@ -27,9 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from lab import frr, state
-from lab.errors import TopologyError
-from lab.traffic import HOST_EPHEMERAL_PORTS
+from lab.machine import state
+from lab.model.errors import TopologyError
+from lab.model.flows import HOST_EPHEMERAL_PORTS
+from lab.net import frr
 from tests.integration.support import REPO
 
 pytestmark = pytest.mark.skipif(not frr.installed(), reason="FRR is not installed "
@@ -308,7 +309,7 @@ def test_bgp_edge_sessions_multipath_hash_policy_and_teardown():
 
 CHILD = textwrap.dedent("""
     import time
-    from lab import frr
+    from lab.net import frr
     from tests.integration.test_bgp_edge import EdgeTopo
     with frr.router_session(EdgeTopo(), "bgp-edge-kill9", lock_wait_s=120) as rnet:
         rnet.start()

@@ -54,7 +54,7 @@ def runtime_python(runtime: str) -> str:
     """The interpreter the lab would use for ``runtime`` (os-ken: this venv's)."""
     if runtime == "os-ken":
         return sys.executable
-    from lab.environment import ryu_python
+    from lab.machine.environment import ryu_python
     return ryu_python()
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lab import diagnose
+from lab.analysis import diagnose
 from tests.integration.support import fabriclab, run_result
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controllers import policies
-from lab.result import validate
+from lab.model.result import validate
 from tests.integration.support import (
     check_links_agree_with_flows,
     check_paths_follow_policy,

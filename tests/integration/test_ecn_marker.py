@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from controllers import ecn
-from lab.environment import qdisc_available
-from lab.links import htb_burst_bytes
+from controllers.ecn import htb_burst_bytes
+from lab.machine.environment import qdisc_available
 
 RATE_MBIT = 50
 QUEUE_BYTES = 150_000
@@ -86,7 +86,7 @@ class Rig:
         self.ns(self.ns_s, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
         for name in (self.ns_a, self.ns_b):
             self.ns(name, "sysctl", "-q", "-w", "net.ipv4.tcp_ecn=1")
-        burst = htb_burst_bytes(RATE_MBIT)  # the lab's port layout (lab/links.py)
+        burst = htb_burst_bytes(RATE_MBIT * 1e6)  # the lab's port layout (lab/net/links.py)
         for cmd in ("qdisc add dev {d} root handle 1: htb default 1",
                     f"class add dev {{d}} parent 1: classid 1:1 htb rate {RATE_MBIT}mbit "
                     f"ceil {RATE_MBIT}mbit burst {burst} cburst {burst} quantum 100000",

@@ -19,8 +19,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from lab import run, state
-from lab.errors import LabError
+from lab import run
+from lab.machine import state
+from lab.model.errors import LabError
 from tests.fuzzing import Tally, named_sets, scenario_files
 from tests.integration.support import fabriclab, lab_leftovers
 

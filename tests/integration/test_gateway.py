@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from lab import environment, run
-from lab.topologies import LeafSpine
+from lab import run
+from lab.machine import environment
+from lab.net.topologies import LeafSpine
 
 OFF_FABRIC = "198.51.100.1"
 

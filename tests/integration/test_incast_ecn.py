@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from lab import state
-from lab.result import validate
+from lab.machine import state
+from lab.model.result import validate
 from tests.integration.support import CLI, REPO, fabriclab, lab_leftovers
 
 

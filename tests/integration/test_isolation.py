@@ -32,8 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from lab import scenario, state
-from lab.topologies import describe, make_topology
+from lab.machine import state
+from lab.model import scenario
+from lab.net.topologies import describe, make_topology
 from tests.integration.support import LAB_INTF, LAB_NODE, REPO, RunWatcher, record_of
 
 os.environ.setdefault(state.LOCK_WAIT_ENV, "1800")

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab import state
+from lab.machine import state
 from tests.integration.support import (
     LabTurnWaiter,
     RunWatcher,

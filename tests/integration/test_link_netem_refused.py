@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.environment import qdisc_available
+from lab.machine.environment import qdisc_available
 from tests.integration.support import fabriclab, lab_leftovers
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from lab import ecnwire
+from lab.measure import ecnwire
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, tc, nft)")
@@ -140,7 +140,7 @@ def rig() -> Iterator[Rig]:
 
 
 def _microburst(*args: str) -> list[str]:
-    return [sys.executable, "-m", "lab.microburst", *args]
+    return [sys.executable, "-m", "lab.agents.microburst", *args]
 
 
 def _wait_stderr_line(proc: subprocess.Popen, text: bytes, timeout_s: float = 10) -> None:

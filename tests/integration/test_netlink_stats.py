@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import telemetry
+from lab.measure import telemetry
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 

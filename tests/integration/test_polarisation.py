@@ -3,7 +3,7 @@
 ecmp-polarisation: 16 flows from edge1 to a far pod of a k=4 fat-tree. Under hash5 (one seed,
 the same fields at every tier) each aggregation switch repeats the edge's choice, so the
 switches' counters show only 2 of the 4 aggregation->core links used; hash5-tier mixes the
-tier into the seed and uses all 4. ``lab.offline.polarisation_eval``, given the same
+tier into the seed and uses all 4. ``lab.analysis.offline.polarisation_eval``, given the same
 5-tuples and topology, must count the same second-tier links.
 """
 
@@ -13,7 +13,7 @@ import pytest
 
 from controllers import policies
 from controllers.policies import FlowKey
-from lab import offline
+from lab.analysis import offline
 from tests.integration.support import fabriclab, run_scenario
 
 EXPECT = {"hash5": 2, "hash5-tier": 4}

@@ -22,7 +22,7 @@ from mininet.net import Mininet
 from mininet.node import OVSSwitch
 from mininet.topo import Topo
 
-from lab.links import ShapedLink
+from lab.net.links import ShapedLink
 
 SPORTS = [41001, 41002, 41003, 41004, 41005, 41006, 41007, 41008]
 LINK_OF_HOP = {"10.12.1.2": "r1-eth1", "10.12.2.2": "r1-eth2"}
@@ -82,7 +82,7 @@ def test_probe_path_matches_the_links_counters():
         try:
             seen = {}
             for sport in SPORTS:
-                out = src.cmd(f"timeout 20 {sys.executable} -m lab.probe --proto tcp "
+                out = src.cmd(f"timeout 20 {sys.executable} -m lab.agents.probe --proto tcp "
                               f"--src 10.1.0.1 --dst 10.2.0.1 --sport {sport} --dport 5201 "
                               "--max-ttl 4")
                 hops = json.loads(out.strip().splitlines()[-1])["hops"]

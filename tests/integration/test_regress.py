@@ -16,7 +16,7 @@ import pytest
 from tests.integration.support import fabriclab
 
 ARGS = ("--scenarios", "ecmp-one-pair", "--trials", "2", "--duration", "3")
-#: How far the policy function's own prediction (lab.predict, no packets) may be from the
+#: How far the policy function's own prediction (lab.analysis.predict, no packets) may be from the
 #: imbalance the switches' counters measured: the model caps an uplink at its htb rate,
 #: the wire carries ~94 % of it as goodput plus headers.
 PREDICTION_TOLERANCE = 0.1

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from lab import state
+from lab.machine import state
 from tests.integration.support import REPO
 
 os.environ.setdefault(state.LOCK_WAIT_ENV, "1800")

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from lab import diagnose, frr, state
+from lab.analysis import diagnose
+from lab.machine import state
+from lab.net import frr
 from tests.integration.support import CLI, REPO, fabriclab, lab_leftovers
 
 pytestmark = [

@@ -3,7 +3,7 @@
 Two Mininet hosts, ``anchor1`` (the sender) and ``viewer1`` (the player), joined by one
 ``ShapedLink`` (htb at the link rate + a 150 kB tail-drop queue) and nothing else: no switch,
 no controller, so what is measured is the link and the player model, not the fabric. The two
-ends are ``python -m lab.streamtool`` processes in the hosts' namespaces, each killed by its
+ends are ``python -m lab.agents.streamer`` processes in the hosts' namespaces, each killed by its
 PID at the end; the hosts' interfaces (``anchor1-eth0``/``viewer1-eth0``) must be gone after.
 """
 
@@ -55,7 +55,7 @@ def shaped_pair(bw: float) -> Iterator[tuple[Any, list[subprocess.Popen]]]:
     """A started two-host net; whatever is appended to the list is killed by PID after."""
     from mininet.net import Mininet
 
-    from lab.links import ShapedLink
+    from lab.net.links import ShapedLink
 
     assert not _our_interfaces(), "interfaces of an earlier run are still there"
     net = Mininet(topo=_pair_topo(bw), link=ShapedLink, controller=None, autoStaticArp=True)
@@ -84,7 +84,7 @@ def run_stream(tmp_path: Path, bw: float, proto: str, rate_mbps: float,
     ready = tmp_path / f"ready-{proto}-{bw}"
     with shaped_pair(bw) as (net, procs):
         anchor, viewer = net.get(*HOSTS)
-        py = [sys.executable, "-m", "lab.streamtool"]
+        py = [sys.executable, "-m", "lab.agents.streamer"]
         with contextlib.ExitStack() as files:
             logs = {name: files.enter_context(open(tmp_path / f"{name}-{proto}-{bw}.log", "w"))
                     for name in HOSTS}

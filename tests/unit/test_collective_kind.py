@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from lab import jobmetrics as jm
 from lab import run
-from lab.errors import ScenarioError
-from lab.kinds import collective as kind
-from lab.topologies import describe, make_topology
+from lab.kinds.collective import metrics as jm
+from lab.kinds.collective import plan as kind
+from lab.model.errors import ScenarioError
+from lab.net.topologies import describe, make_topology
 
 LEAFSPINE = {"type": "leafspine", "spines": 4, "leaves": 2, "hosts_per_leaf": 4}
 

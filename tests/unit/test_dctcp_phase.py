@@ -6,9 +6,9 @@ import pytest
 
 from controllers.ecn import DCTCP_K_FLOOR_BYTES, dctcp_k_bytes
 from lab import run
-from lab.errors import MachineError, ScenarioError
-from lab.jobrun import parse_ping_min_ms
-from lab.kinds import collective as kind
+from lab.kinds.collective import plan as kind
+from lab.kinds.collective.runner import parse_ping_min_ms
+from lab.model.errors import MachineError, ScenarioError
 
 
 @pytest.mark.parametrize("rate_bps, rtt_s, k", [

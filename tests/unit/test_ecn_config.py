@@ -10,8 +10,7 @@ import struct
 import pytest
 
 from controllers import ecn
-from controllers.ecn import Marking, PortQueue, parse_marking
-from lab.links import htb_burst_bytes
+from controllers.ecn import Marking, PortQueue, htb_burst_bytes, parse_marking
 
 PORT = PortQueue("leaf1-eth5", 50_000_000, 150_000)
 
@@ -83,7 +82,7 @@ def test_marking_and_port_validate_themselves() -> None:
 
 @pytest.mark.parametrize("mbit", [1, 10, 50, 100, 200, 1000, 10_000])
 def test_default_burst_is_the_labs(mbit: int) -> None:
-    assert PortQueue("p0", mbit * 10**6, 1000).htb_burst == htb_burst_bytes(mbit)
+    assert PortQueue("p0", mbit * 10**6, 1000).htb_burst == htb_burst_bytes(mbit * 10**6)
     assert PortQueue("p0", mbit * 10**6, 1000, 5000).htb_burst == 5000
 
 

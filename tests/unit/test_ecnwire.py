@@ -15,7 +15,7 @@ from scapy.layers.l2 import ARP, Dot1Q, Ether
 from scapy.packet import Raw
 from scapy.utils import PcapWriter, wrpcap
 
-from lab import ecnwire
+from lab.measure import ecnwire
 
 A, B, C = "10.0.0.1", "10.0.0.2", "10.0.0.3"
 NOT_ECT, ECT1, ECT0, CE = 0, 1, 2, 3
@@ -162,7 +162,7 @@ def test_raw_ip_linktype(tmp_path: Path) -> None:
 
 def test_microburst_frames_are_read(tmp_path: Path) -> None:
     """The burst tool's frames, as a capture at the receiver would store them."""
-    from lab import microburst
+    from lab.agents import microburst
     template = microburst.build_template("02:00:00:00:00:01", "02:00:00:00:00:02", A, B,
                                          9000, 9001, 1000, "ect0")
     frames = microburst.burst_frames(template, 3, 10)

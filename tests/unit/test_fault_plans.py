@@ -1,4 +1,4 @@
-"""Faults as data (lab.faults) and the controller's reroute arithmetic (controllers.plan).
+"""Faults as data (lab.workloads.faults) and the controller's reroute arithmetic (controllers.plan).
 
 No root, no packets: the parsing a bad scenario meets, the outage arithmetic on receiver
 intervals, and the make-before-break changes a reroute sends.
@@ -8,10 +8,10 @@ import pytest
 
 from controllers import plan, routing
 from controllers.policies import resolve
-from lab import faults
-from lab.errors import ScenarioError
-from lab.fabric import controller_config
-from lab.topologies import describe, make_topology
+from lab.model.errors import ScenarioError
+from lab.net.fabric import controller_config
+from lab.net.topologies import describe, make_topology
+from lab.workloads import faults
 
 LEAFSPINE = describe(make_topology({"type": "leafspine", "spines": 4, "leaves": 2,
                                     "hosts_per_leaf": 2}))

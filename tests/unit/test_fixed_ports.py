@@ -6,9 +6,11 @@ iperf3's control connection takes an ephemeral port; had it been one another flo
 
 import random
 
-from lab import jobrun, kinds, scenario
-from lab.topologies import describe, make_topology
-from lab.traffic import FIXED_SPORTS, HOST_EPHEMERAL_PORTS, pick_source_ports
+from lab import kinds
+from lab.kinds.collective import runner as jobrun
+from lab.model import scenario
+from lab.model.flows import FIXED_SPORTS, HOST_EPHEMERAL_PORTS, pick_source_ports
+from lab.net.topologies import describe, make_topology
 
 EPHEMERAL = range(HOST_EPHEMERAL_PORTS[0], HOST_EPHEMERAL_PORTS[1] + 1)
 

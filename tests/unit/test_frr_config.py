@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from lab.bgp import BgpNetwork
-from lab.errors import TopologyError
+from lab.model.errors import TopologyError
+from lab.net.bgp import BgpNetwork
 
 needs_vtysh = pytest.mark.skipif(shutil.which("vtysh") is None, reason="FRR not installed")
 
@@ -213,13 +213,13 @@ def test_zebra_and_bfdd_conf():
 @needs_vtysh
 @pytest.mark.parametrize("router", ["border1", "isp1", "isp2"])
 def test_frr_parses_every_generated_config(router):
-    from lab.frr import check_config
+    from lab.net.frr import check_config
     for fname, text in edge().configs(router).items():
         check_config(text, f"{router}/{fname}")
 
 
 @needs_vtysh
 def test_frr_parser_check_catches_a_bad_line():
-    from lab.frr import check_config
+    from lab.net.frr import check_config
     with pytest.raises(TopologyError, match="Unknown command"):
         check_config("router bgp 65000\n no such command here\n", "x")

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lab import run
-from lab.errors import LabError
+from lab.model.errors import LabError
 from tests.fuzzing import (
     NUMBERS,
     WORDS,

@@ -3,7 +3,8 @@ in the client), UDP at iperf3's own rate; and how a flow's socket is found in /p
 
 from __future__ import annotations
 
-from lab.traffic import FlowSpec, _iperf_client_cmd, _proc_net_addr
+from lab.model.flows import FlowSpec
+from lab.workloads.traffic import _iperf_client_cmd, _proc_net_addr
 
 
 def flow(proto: str) -> FlowSpec:

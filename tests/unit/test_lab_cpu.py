@@ -7,8 +7,8 @@ import subprocess
 import sys
 import time
 
-from lab import telemetry
-from lab.result import validate
+from lab.measure import telemetry
+from lab.model.result import validate
 
 
 class Child:

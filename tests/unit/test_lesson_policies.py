@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 
 from controllers import policies
-from lab import offline
+from lab.analysis import offline
 
 LESSON = Path(__file__).resolve().parents[2] / "scenarios" / "ecmp-one-pair"
 
@@ -32,7 +32,7 @@ def test_skeleton_and_solution_offline() -> None:
 
 
 def test_anti_polarisation_skeleton_polarises_and_solution_does_not() -> None:
-    from lab.topologies import describe, make_topology
+    from lab.net.topologies import describe, make_topology
     lesson = LESSON.parent / "ecmp-polarisation"
     topo = describe(make_topology({"type": "fattree", "k": 4}))
     ips = [h["ip"] for h in topo["hosts"]]

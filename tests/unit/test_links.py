@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from lab.edge import DEFAULT_WAN_DELAY_MS
-from lab.errors import MachineError, TopologyError
 from lab.kinds.streaming import wan_fidelity
-from lab.links import Netem, check_netem, netem_limit_packets, root_netem_delay_ms, tc_commands
-from lab.topologies import describe, make_topology, refuse_without_netem
+from lab.model.errors import MachineError, TopologyError
+from lab.net.edge import DEFAULT_WAN_DELAY_MS
+from lab.net.links import Netem, check_netem, netem_limit_packets, root_netem_delay_ms, tc_commands
+from lab.net.topologies import describe, make_topology, refuse_without_netem
 
 FIELDS = ("t.delay_ms", "t.jitter_ms", "t.loss_pct")
 

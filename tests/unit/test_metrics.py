@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from lab import metrics
+from lab.analysis import bins as metrics
 
 
 def brute_expected_max(n, s):

@@ -1,4 +1,4 @@
-"""Offline policy evaluation (``lab.offline``) and the per-tier seed policy ``hash5-tier``.
+"""Offline policy evaluation (``lab.analysis.offline``) and the per-tier seed policy ``hash5-tier``.
 
 The statistical tests use fixed seeds, so they are deterministic; their tolerances are still
 chosen as several standard errors of the sampled quantity, so that a different seed would
@@ -17,9 +17,9 @@ import pytest
 from controllers import policies
 from controllers.policies import FlowKey, HashPolicy
 from controllers.policies.hash5_tier import tier_of
-from lab import offline
-from lab.metrics import expected_max_load, prob_unbalanced
-from lab.topologies import FatTree, LeafSpine, describe
+from lab.analysis import offline
+from lab.analysis.bins import expected_max_load, prob_unbalanced
+from lab.net.topologies import FatTree, LeafSpine, describe
 
 IPS = [f"10.0.0.{i}" for i in range(1, 17)]
 

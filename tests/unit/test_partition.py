@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from lab.errors import LabError, TopologyError
-from lab.partition import partition
-from lab.topologies import describe, make_topology
+from lab.analysis.partition import partition
+from lab.model.errors import LabError, TopologyError
+from lab.net.topologies import describe, make_topology
 
 CASES = [
     ({"type": "fattree", "k": 4}, 1),
@@ -149,11 +149,12 @@ def test_cli_workers_never_reaches_bring_up(monkeypatch, capsys):
 
     (Comparing /sys/class/net before and after is no proof here: other runs on the
     machine add and remove interfaces while the test runs.)"""
-    from lab import cli, environment, run
+    from lab import cli, run
+    from lab.machine import environment, state
 
     def started(*_a, **_k):
         raise AssertionError("--workers must only plan")
-    for mod, name in ((run, "fabric_session"), (run, "require_root"),
+    for mod, name in ((run, "fabric_session"), (state, "require_root"),
                       (environment, "detect")):
         monkeypatch.setattr(mod, name, started)
     assert cli.main(["topo", "leafspine", "--spines", "2", "--leaves", "4",

@@ -1,7 +1,7 @@
 """Paths rebuilt from per-switch counters."""
 
-from lab.paths import adjacency, attachment, path_from_counters
-from lab.topologies import FatTree, LeafSpine, describe
+from lab.model.flowpaths import adjacency, attachment, path_from_counters
+from lab.net.topologies import FatTree, LeafSpine, describe
 
 
 def test_leafspine_path_from_counters():

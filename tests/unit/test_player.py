@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from lab import streams
-from lab.streams import simulate_playout
+from lab.agents import playout as streams
+from lab.agents.playout import simulate_playout
 
 FPS = 25.0
 P = 1 / FPS  # 40 ms

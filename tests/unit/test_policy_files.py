@@ -74,10 +74,10 @@ def test_missing_file_and_missing_class(tmp_path: Path) -> None:
 
 
 def test_the_lab_names_the_field_for_a_bad_policy_file(tmp_path: Path) -> None:
-    from lab import run
-    from lab.errors import ScenarioError
+    from lab.model.errors import ScenarioError
+    from lab.model.policies import policy_names
     path = write(tmp_path, "def broken(:\n")
     with pytest.raises(ScenarioError) as exc:
-        run.policy_names(str(path))
+        policy_names(str(path))
     assert str(exc.value).startswith("policy-file:")
     assert "syntax error" in str(exc.value)

@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from lab import environment, run
-from lab.errors import ScenarioError
-from lab.scenario import scale_rates
+from lab import run
+from lab.machine import environment
+from lab.model.errors import ScenarioError
+from lab.model.scenario import scale_rates
 
 
 def test_rates_and_sizes_scale_times_and_counts_do_not():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lab import regress
-from lab.progress import Bar
+from lab.machine.progress import Bar
 from lab.regress import Row, ScenarioRun, Stat
 
 
@@ -136,7 +136,7 @@ def test_progress_bar_lines_without_a_terminal() -> None:
 
 
 def test_ticker_is_silent_off_a_terminal_and_draws_on_one() -> None:
-    from lab.progress import Ticker
+    from lab.machine.progress import Ticker
     out = io.StringIO()
     with Ticker(1.0, "[x] traffic", stream=out, interval=0.01):
         pass

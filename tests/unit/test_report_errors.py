@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from lab.errors import LabError
+from lab.model.errors import LabError
 from lab.report import ReportError, compare_rows, write_compare, write_report
 
 

@@ -2,7 +2,7 @@
 
 import copy
 
-from lab.result import FLOW_KEYS, LINK_KEYS, validate
+from lab.model.result import FLOW_KEYS, LINK_KEYS, validate
 
 
 def minimal_result():

@@ -2,8 +2,9 @@
 
 import pytest
 
-from lab import kinds, scenario
-from lab.errors import ScenarioError
+from lab import kinds
+from lab.model import scenario
+from lab.model.errors import ScenarioError
 
 
 def ecmp():
@@ -80,7 +81,7 @@ def test_unknown_kind():
 def test_ecmp_plan_fits_uplinks_and_has_distinct_tuples():
     import random
 
-    from lab.topologies import describe, make_topology
+    from lab.net.topologies import describe, make_topology
     sc, schema = ecmp()
     p = scenario.validate(dict(sc.params), schema)
     d = describe(make_topology(p["topology"]))

@@ -7,10 +7,12 @@ import random
 
 import pytest
 
-from lab import kinds, routerstats, scenario
-from lab.errors import ScenarioError, TopologyError
+from lab import kinds
 from lab.kinds import streaming
-from lab.topologies import describe, make_topology
+from lab.measure import routerstats
+from lab.model import scenario
+from lab.model.errors import ScenarioError, TopologyError
+from lab.net.topologies import describe, make_topology
 
 
 def plan_for(sets=()):

@@ -2,9 +2,9 @@
 
 import pytest
 
-from lab.errors import TopologyError
-from lab.fabric import planned_names
-from lab.topologies import FatTree, LeafSpine, describe, host_addr, make_topology
+from lab.model.errors import TopologyError
+from lab.net.fabric import planned_names
+from lab.net.topologies import FatTree, LeafSpine, describe, host_addr, make_topology
 
 
 def test_leafspine_names_ports_and_oversubscription():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from lab.telemetry import TxBytes
+from lab.measure.telemetry import TxBytes
 
 
 def test_a_kept_open_counter_follows_the_interface():

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from lab import vm
+from lab.machine import vm
 
 REPO = vm.REPO
 
@@ -70,7 +70,8 @@ def test_the_checkout_goes_in_without_venvs_or_results(tmp_path):
     vm.checkout_tar(dest)
     with tarfile.open(dest) as tar:
         names = set(tar.getnames())
-    assert {"setup.py", "lab/vm.py", "lab/provision.sh", "tests/vm/guest_session.sh"} <= names
+    assert {"setup.py", "lab/machine/vm.py", "lab/provision.sh",
+            "tests/vm/guest_session.sh"} <= names
     assert not any(n.startswith((".venv", "results/", ".git/")) for n in names)
 
 

@@ -50,7 +50,7 @@ def fabriclab(*args: str, timeout: float = 1800, check: bool = True
 def vm_image() -> dict:
     """The image's manifest, after `fabriclab vm build` built it or found it cached."""
     fabriclab("vm", "build", timeout=3600)
-    from lab import vm
+    from lab.machine import vm
     img = vm.cached_image()
     assert img is not None
     return img.manifest
@@ -60,7 +60,7 @@ def vm_image() -> dict:
 def nothing_left_behind():
     yield
     assert_nothing_left_behind()
-    from lab import vm
+    from lab.machine import vm
     boots = vm.CACHE_DIR / "boots"
     assert not (boots.is_dir() and any(boots.iterdir())), list(boots.iterdir())
 

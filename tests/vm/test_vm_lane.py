@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from lab import environment, state, vm
-from lab.result import validate
+from lab.machine import environment, state, vm
+from lab.model.result import validate
 from tests.integration.support import (
     check_links_agree_with_flows,
     check_paths_follow_policy,

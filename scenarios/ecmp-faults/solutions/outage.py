@@ -1,7 +1,7 @@
 """Solution: each flow's time out, from the receivers' 0.1 s intervals.
 
 An interval counts when it ends after the first fault and the flow received under a tenth
-of its offered rate in it. The lab computes the same (``lab/faults.py``); the lesson's
+of its offered rate in it. The lab computes the same (``lab/workloads/faults.py``); the lesson's
 test checks that both agree on a real run.
 """
 

@@ -1,0 +1,216 @@
+"""A job's numbers, as nccl-tests and a training loop would report them.
+
+- step time: from the workers' own clocks, the job's step is its slowest rank's (the
+  barrier makes every rank wait for it); p50/p99 over the measured (non-warm-up) steps.
+- GPU idle fraction: time a rank is not computing over its step time, summed over ranks
+  and steps: what the network costs the GPUs.
+- algbw = S / t and busbw = algbw · 2(N−1)/N for a ring All-Reduce (nccl-tests'
+  definitions): busbw is comparable to the link rate whatever N is.
+- ideal_comm_s = 2(N−1)/N · S / B for the ring's bottleneck rate B: what a perfect ring
+  would take; the measured time sits beside it.
+
+Pure functions over plain data, so the tests can check them without a network.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from lab.model.stats import percentile
+
+
+def ring_factor(n: int) -> float:
+    """Bytes each rank sends per byte reduced in a ring All-Reduce: 2(N−1)/N."""
+    return 2 * (n - 1) / n
+
+
+def ideal_ring_s(n: int, size_bytes: int, bottleneck_bps: float) -> float:
+    return ring_factor(n) * size_bytes * 8 / bottleneck_bps
+
+
+def busbw(algbw_bps: float, n: int) -> float:
+    return algbw_bps * ring_factor(n)
+
+
+def ring_steps(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The job's steps from every rank's records: a step lasts as long as its slowest rank.
+
+    ``t`` is the step's start on the shared monotonic clock.
+    """
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for out in outputs:
+        for rec in out.get("steps", []):
+            by_step.setdefault(rec["step"], []).append(rec)
+    steps = []
+    for k in sorted(by_step):
+        recs = by_step[k]
+        if len(recs) != len(outputs):
+            continue                       # a rank died mid-step: not a whole step
+        step_s = max(r["step_s"] for r in recs)
+        steps.append({
+            "step": k, "epoch": recs[0].get("epoch", 0),
+            "warmup": any(r.get("warmup") for r in recs),
+            "t_start": min(r["t_start"] for r in recs), "t_end": max(r["t_end"] for r in recs),
+            "t_comm_start": min(r.get("t_comm_start", r["t_start"]) for r in recs),
+            "step_s": round(step_s, 6), "comm_s": round(max(r["comm_s"] for r in recs), 6),
+            "compute_s": round(sum(r["compute_s"] for r in recs) / len(recs), 6),
+            "idle_s": round(sum(r["idle_s"] for r in recs), 6),
+            "rank_step_s": round(sum(r["step_s"] for r in recs), 6),
+        })
+    return steps
+
+
+def idle_fraction(steps: list[dict[str, Any]]) -> float:
+    """Σ idle / Σ step time over ranks and steps: the share of GPU time spent waiting."""
+    total = sum(s["rank_step_s"] for s in steps)
+    return round(sum(s["idle_s"] for s in steps) / total, 4) if total else 0.0
+
+
+def step_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """p50/p99/mean of step and communication time, and idle fraction, over ``steps``."""
+    st = [s["step_s"] for s in steps]
+    cm = [s["comm_s"] for s in steps]
+    return {"steps": len(steps), "step_p50_s": round(percentile(st, 50), 4),
+            "step_p99_s": round(percentile(st, 99), 4),
+            "step_mean_s": round(sum(st) / len(st), 4) if st else 0.0,
+            "comm_p50_s": round(percentile(cm, 50), 4),
+            "gpu_idle_fraction": idle_fraction(steps)}
+
+
+def links_of(path: list[str]) -> list[str]:
+    """Switch-to-switch links a path crosses, as ``a->b``."""
+    return [f"{a}->{b}" for a, b in itertools.pairwise(path)]
+
+
+def epoch_collisions(flows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per epoch: how many of the job's connections shared the busiest fabric link.
+
+    Read from each connection's measured path (the switches' counters), not from what a
+    policy was expected to do.
+    """
+    out: dict[int, dict[str, Any]] = {}
+    for f in flows:
+        if f.get("kind") != "allreduce":
+            continue
+        e = out.setdefault(f["epoch"], {"per_link": {}})
+        for ln in links_of(f["path"]):
+            e["per_link"].setdefault(ln, []).append(f["id"])
+    for e in out.values():
+        per = e.pop("per_link")
+        e["max_flows_per_link"] = max((len(v) for v in per.values()), default=0)
+        e["shared_links"] = {k: v for k, v in sorted(per.items()) if len(v) > 1}
+        e["links_crossed"] = len(per)
+        e["collided"] = e["max_flows_per_link"] > 1
+    return out
+
+
+def overlaps(step: dict[str, Any], windows: list[tuple[float, float]]) -> bool:
+    """Whether a window (a checkpoint) overlaps the step's communication.
+
+    Its communication, from the first send to the barrier's end, not its compute: a
+    checkpoint shares the NIC with the ring's bytes, so a step whose compute alone
+    overlapped it is not slowed by it (3-6 of allreduce-shared-link's 24 steps in three runs;
+    counted as "during" they hid the slowdown of the others: 1.09-1.13x against 1.20-1.35x).
+    """
+    return any(a < step["t_end"] and b > step["t_comm_start"] for a, b in windows)
+
+
+def ring_metrics(outputs: list[dict[str, Any]], n: int, size_bytes: int,
+                 bottleneck_bps: float, flows: list[dict[str, Any]],
+                 checkpoints: list[tuple[float, float]] | None = None) -> dict[str, Any]:
+    """A ring job's ``metrics`` for one phase: step times, algbw/busbw, idle, per-epoch sharing."""
+    steps = ring_steps(outputs)
+    measured = [s for s in steps if not s["warmup"]]
+    summary = step_summary(measured)
+    algbw = size_bytes * 8 / summary["comm_p50_s"] if summary["comm_p50_s"] else 0.0
+    ideal = ideal_ring_s(n, size_bytes, bottleneck_bps)
+    coll = epoch_collisions(flows)
+    for s in steps:
+        s["collided"] = coll.get(s["epoch"], {}).get("collided", False)
+        s["max_flows_per_link"] = coll.get(s["epoch"], {}).get("max_flows_per_link", 0)
+    out: dict[str, Any] = {
+        "pattern": "ring", "workers": n, "size_bytes": size_bytes, **summary,
+        "algbw_bps": round(algbw), "busbw_bps": round(busbw(algbw, n)),
+        "bottleneck_bps": bottleneck_bps, "ideal_comm_s": round(ideal, 4),
+        "comm_vs_ideal": round(summary["comm_p50_s"] / ideal, 3) if ideal else 0.0,
+        "epochs": {str(k): v for k, v in sorted(coll.items())},
+        "links_crossed": len({ln for f in flows if f.get("kind") == "allreduce"
+                              for ln in links_of(f["path"])}),
+        "step_series": [{k: s[k] for k in ("step", "epoch", "warmup", "step_s", "comm_s",
+                                           "compute_s", "collided", "max_flows_per_link")}
+                        | {"idle_fraction": round(s["idle_s"] / s["rank_step_s"], 4)
+                           if s["rank_step_s"] else 0.0} for s in steps],
+    }
+    by_collision = {"collided": [s for s in measured if s["collided"]],
+                    "clean": [s for s in measured if not s["collided"]]}
+    out["by_collision"] = {k: step_summary(v) for k, v in by_collision.items()}
+    # Step time against how many of the job's connections shared its busiest link.
+    sharing = sorted({s["max_flows_per_link"] for s in measured})
+    out["by_link_sharing"] = {str(k): step_summary([s for s in measured
+                                                    if s["max_flows_per_link"] == k])
+                              for k in sharing}
+    if checkpoints is not None:
+        t0 = min((s["t_start"] for s in steps), default=0.0)
+        for s in steps:
+            s["checkpoint"] = overlaps(s, checkpoints)
+        for e, s in zip(out["step_series"], steps, strict=True):
+            e["checkpoint"] = s["checkpoint"]
+        out["by_checkpoint"] = {
+            "during": step_summary([s for s in measured if s["checkpoint"]]),
+            "outside": step_summary([s for s in measured if not s["checkpoint"]])}
+        out["checkpoints"] = [{"t_s": round(a - t0, 3), "duration_s": round(b - a, 3)}
+                              for a, b in sorted(checkpoints)]
+    return out
+
+
+def incast_metrics(sink: dict[str, Any], senders: int, burst_bytes: int, gap_s: float,
+                   bottleneck_bps: float, warmup: int = 1) -> dict[str, Any]:
+    """A many-to-one job: a step is the time until the receiver has every sender's burst.
+
+    The first ``warmup`` steps (new connections still in slow start) are not measured.
+    """
+    for s in sink.get("steps", []):
+        s["warmup"] = s["step"] < warmup
+    steps = [s for s in sink.get("steps", []) if not s["warmup"]]
+    st = [s["step_s"] for s in steps]
+    total = senders * burst_bytes
+    p50 = percentile(st, 50)
+    algbw = total * 8 / p50 if p50 else 0.0
+    busy = sum(st)
+    return {
+        "pattern": "incast", "workers": senders + 1, "size_bytes": total, "steps": len(st),
+        "step_p50_s": round(p50, 4), "step_p99_s": round(percentile(st, 99), 4),
+        "step_max_s": round(max(st, default=0.0), 4),
+        "step_mean_s": round(busy / len(st), 4) if st else 0.0,
+        "comm_p50_s": round(p50, 4),
+        # The GPUs compute for gap_s, then wait for the burst to land.
+        "gpu_idle_fraction": round(busy / (busy + gap_s * len(st)), 4) if st else 0.0,
+        # Every byte crosses the receiver's link, so bus and algorithm bandwidth agree.
+        "algbw_bps": round(algbw), "busbw_bps": round(algbw),
+        "bottleneck_bps": bottleneck_bps,
+        "ideal_comm_s": round(total * 8 / bottleneck_bps, 4),
+        "comm_vs_ideal": round(p50 / (total * 8 / bottleneck_bps), 3) if p50 else 0.0,
+        "step_series": [{"step": s["step"], "step_s": s["step_s"],
+                         "warmup": bool(s.get("warmup"))} for s in sink.get("steps", [])],
+    }
+
+
+def queue_delay_ms(series: list[int], rate_bps: float) -> dict[str, float]:
+    """Queueing delay a packet arriving at each sample would see: backlog / drain rate."""
+    d = [b * 8 / rate_bps * 1000 for b in series]
+    return {"p50": round(percentile(d, 50), 3), "p99": round(percentile(d, 99), 3),
+            "max": round(max(d, default=0.0), 3)}
+
+
+def phase_line(mt: dict[str, Any]) -> str:
+    """One line for the terminal per phase."""
+    line = (f"step p50 {mt['step_p50_s'] * 1000:.0f} ms p99 {mt['step_p99_s'] * 1000:.0f} ms, "
+            f"GPU idle {mt['gpu_idle_fraction'] * 100:.0f}%, busbw "
+            f"{mt['busbw_bps'] / 1e6:.1f} Mbit/s (ideal comm {mt['ideal_comm_s'] * 1000:.0f} ms,"
+            f" measured {mt['comm_p50_s'] * 1000:.0f} ms)")
+    if mt.get("retransmits") is not None:
+        line += f", {mt['retransmits']} retransmits"
+    if mt.get("ce_marked"):
+        line += f", {mt['ce_marked']} CE marks"
+    return line

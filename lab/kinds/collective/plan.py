@@ -1,0 +1,339 @@
+"""GPUs waiting for the network: a synthetic data-parallel job on the fabric, phase by phase.
+
+N "GPU" hosts run ``lab.agents.worker`` workers: compute, then a ring All-Reduce of S bytes
+over real TCP, then a barrier, step after step (``job.pattern: ring``); or the
+synchronised many-to-one burst of a collective's gather phase (``job.pattern: incast``).
+A scenario names the phases to compare on one running fabric (``phases.<name>`` overrides
+any key for that phase), e.g. hashed vs placed ring paths, storage traffic sharing the
+GPUs' links vs in a class of its own, packed vs scattered placement, tail-drop vs ECN.
+
+Why the numbers can be trusted: a step's time is the workers' own clock (one monotonic
+clock for every namespace); a connection's path is the switches' per-flow counters; a
+link's bytes, drops and queue are its veth and qdisc counters; CE marks are counted by the
+marker and, for incast, on the wire at the receiver. Mechanism: ``lab.kinds.collective.runner``.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from lab.model.errors import MachineError, ScenarioError
+from lab.model.flows import FlowSpec
+from lab.model.scenario import Param, deep_update
+from lab.model.topodesc import check_fabric, edge_switches, hosts_of
+
+RING_PORT = 7100          # rank r listens on RING_PORT + r
+SINK_PORT = 7300          # the incast receiver
+STORAGE_PORT = 7400       # every storage server
+BURST_PORT = 7500         # the UDP micro-burst receiver
+
+SCHEMA: dict[str, Param] = {
+    "job.pattern": Param(str, choices=("ring", "incast")),
+    "job.workers": Param(int, 2, 64),
+    "job.size_bytes": Param(int, 1, 1 << 30),
+    "job.steps": Param(int, 1, 10_000),
+    "job.warmup": Param(int, 0, 100),
+    "job.compute_s": Param(float, 0, 60),
+    "job.jitter_s": Param(float, 0, 10),
+    "job.buckets": Param(int, 1, 64),
+    "job.straggler_rank": Param(int, -1, 63),
+    "job.straggler_s": Param(float, 0, 60),
+    "job.epoch_steps": Param(int, 0, 10_000),
+    "job.cc": Param(str, choices=("cubic", "reno", "bbr", "dctcp")),
+    "job.ecn": Param(bool),
+    "placement.hosts": Param(str, choices=("packed", "interleaved", "scattered")),
+    "placement.paths": Param(str, choices=("hash", "balanced")),
+    "placement.receiver": Param(str),
+    "storage.mode": Param(str, choices=("off", "shared", "classes")),
+    "storage.hosts": Param(list),
+    "storage.read_mbps": Param(float, 0, 1000),
+    "storage.checkpoint_bytes": Param(int, 1, 1 << 30),
+    "storage.every_s": Param(float, 0.1, 600),
+    "storage.first_at_s": Param(float, 0, 600),
+    "ecn.marking": Param(str, choices=("off", "step", "red")),
+    "ecn.k_rule": Param(str, choices=("fixed", "dctcp")),
+    "ecn.ports": Param(list),
+    "ecn.k_bytes": Param(int, -(1 << 31), 1 << 31),
+    "ecn.kmin_bytes": Param(int, -(1 << 31), 1 << 31),
+    "ecn.kmax_bytes": Param(int, -(1 << 31), 1 << 31),
+    "ecn.pmax": Param(float, -1, 2),
+    "microburst.senders": Param(int, 0, 64),
+    "microburst.count": Param(int, 1, 10_000),
+    "microburst.size": Param(int, 64, 1472),
+    "microburst.bursts": Param(int, 1, 100),
+    "sample_hz": Param(float, 20, 100),
+}
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "job": {"pattern": "ring", "workers": 8, "size_bytes": 1 << 20, "steps": 20, "warmup": 1,
+            "compute_s": 0.05, "jitter_s": 0.0, "buckets": 1, "straggler_rank": -1,
+            "straggler_s": 0.0, "epoch_steps": 0, "cc": "cubic", "ecn": False},
+    "placement": {"hosts": "packed", "paths": "hash", "receiver": ""},
+    "storage": {"mode": "off", "hosts": [], "read_mbps": 1.0, "checkpoint_bytes": 2 << 20,
+                "every_s": 2.5, "first_at_s": 1.0},
+    # k_rule "fixed": step at k_bytes; "dctcp": step at the K DCTCP's guidance gives for the
+    # marked port's rate and the job's measured RTT (controllers.ecn.dctcp_k_bytes).
+    "ecn": {"marking": "off", "ports": [], "k_bytes": 30_000, "kmin_bytes": 20_000,
+            "kmax_bytes": 80_000, "pmax": 0.2, "k_rule": "fixed"},
+    "microburst": {"senders": 0, "count": 60, "size": 1000, "bursts": 3},
+}
+
+
+def merged(params: dict[str, Any]) -> dict[str, Any]:
+    """The scenario's values over the defaults, section by section (phases excluded)."""
+    out = {k: v for k, v in copy.deepcopy(params).items() if k != "phases"}
+    for section, values in DEFAULTS.items():
+        out[section] = {**values, **out.get(section, {})}
+    out.setdefault("sample_hz", 25.0)
+    return out
+
+
+def phase_params(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{phase name: its full parameters}, in the scenario's order (one phase if none)."""
+    base = merged(params)
+    phases = params.get("phases") or {"run": {}}
+    if not isinstance(phases, dict):
+        raise ScenarioError("phases", "expected a mapping of phase name to overrides")
+    out = {}
+    for name, over in phases.items():
+        if not isinstance(over, dict | type(None)):
+            raise ScenarioError(f"phases.{name}", "expected a mapping of overrides")
+        out[str(name)] = deep_update(copy.deepcopy(base), over or {})
+    return out
+
+
+# -- checks: everything a phase needs, before anything starts ----------------------------
+
+def fabric_port_names(topo_desc: dict[str, Any]) -> set[str]:
+    switches = {s["name"] for s in topo_desc["switches"]}
+    return {f"{n}-eth{p}" for ln in topo_desc["links"]
+            for n, p in ((ln["a"], ln["a_port"]), (ln["b"], ln["b_port"])) if n in switches}
+
+
+def check_marking(ecn: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """The marker's request body for a phase, or None when marking is off."""
+    from controllers.ecn import parse_marking
+    if ecn["marking"] == "off":
+        return None
+    if ecn["marking"] == "step":
+        body = {"k_bytes": ecn["k_bytes"]}
+    else:
+        body = {"kmin_bytes": ecn["kmin_bytes"], "kmax_bytes": ecn["kmax_bytes"],
+                "pmax": ecn["pmax"]}
+    try:
+        parse_marking(body, where)
+    except ValueError as exc:
+        field, _, why = str(exc).partition(": ")
+        raise ScenarioError(field, why or str(exc)) from None
+    return body
+
+
+def _field_namer(name: str, over: dict[str, Any]):
+    """Names a key as the user wrote it: the phase's override if it has one, else the
+    scenario's own key."""
+    def field(key: str) -> str:
+        node: Any = over
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return key
+            node = node[part]
+        return f"phases.{name}.{key}"
+    return field
+
+
+def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
+                over: dict[str, Any] | None = None) -> None:
+    job = pp["job"]
+    f = _field_namer(name, over or {})
+    n = job["workers"]
+    if job["pattern"] == "ring" and job["size_bytes"] % (n * job["buckets"]):
+        raise ScenarioError(f("job.size_bytes"), f"{job['size_bytes']} bytes do not split "
+                            f"into {n} ranks x {job['buckets']} buckets of whole chunks "
+                            f"(make it a multiple of {n * job['buckets']})")
+    if job["straggler_rank"] >= n:
+        raise ScenarioError(f("job.straggler_rank"), f"rank {job['straggler_rank']} does "
+                            f"not exist in a job of {n} workers")
+    hosts = {h["name"] for h in topo_desc["hosts"]}
+    for h in pp["storage"]["hosts"]:
+        if not isinstance(h, str) or h not in hosts:
+            raise ScenarioError(f("storage.hosts"), f"no host {h!r} in the topology")
+    if pp["storage"]["mode"] != "off" and not pp["storage"]["hosts"]:
+        raise ScenarioError(f("storage.hosts"), "storage traffic needs at least one host")
+    free = sum(len(hs) for hs in candidate_hosts(topo_desc, pp).values())
+    if n > free:
+        raise ScenarioError(f("job.workers"), f"{n} workers need {n} hosts; the topology "
+                            f"has {free} that are not storage")
+    rx = pp["placement"]["receiver"]
+    if rx and rx not in hosts:
+        raise ScenarioError(f("placement.receiver"), f"no host {rx!r} in the topology")
+    if pp["placement"]["paths"] == "balanced" and topo_desc["type"] != "leafspine":
+        raise ScenarioError(f("placement.paths"), "balanced placement is implemented for "
+                            "leafspine topologies")
+    ports = fabric_port_names(topo_desc)
+    for p in pp["ecn"]["ports"]:
+        if not isinstance(p, str) or p not in ports:
+            raise ScenarioError(f("ecn.ports"), f"no switch port {p!r} in this topology "
+                                f"(ports are named like {sorted(ports)[0]})")
+    thresholds = ("k_bytes", "kmin_bytes", "kmax_bytes", "pmax")
+    where = next((f(f"ecn.{k}").removesuffix(f".{k}") for k in thresholds
+                  if f(f"ecn.{k}") != f"ecn.{k}"), "ecn")
+    for marking in ("step", "red"):       # thresholds are checked even when not in use
+        check_marking({**pp["ecn"], "marking": marking}, where)
+    if check_marking(pp["ecn"], where) is not None and not pp["ecn"]["ports"]:
+        raise ScenarioError(f("ecn.ports"), "marking is on but no port is named")
+    if pp["ecn"]["k_rule"] == "dctcp" and pp["ecn"]["marking"] != "step":
+        raise ScenarioError(f("ecn.k_rule"), "DCTCP's rule gives a step threshold K; it "
+                            f"needs ecn.marking: step, not {pp['ecn']['marking']!r}")
+    if pp["microburst"]["senders"] and job["pattern"] != "incast":
+        raise ScenarioError(f("microburst.senders"), "micro-bursts go to the incast "
+                            "receiver; set job.pattern: incast")
+    if pp["microburst"]["senders"] > n - 1:
+        raise ScenarioError(f("microburst.senders"), f"at most {n - 1} (the job's senders)")
+
+
+def phases_to_skip(params: dict[str, Any], phases: dict[str, dict[str, Any]],
+                   congestion_controls: list[str]) -> dict[str, str]:
+    """{phase: why it is skipped} for phases whose own ``job.cc`` this kernel lacks.
+
+    A phase that asks for a congestion control of its own (``phases.<name>.job.cc``, e.g. a
+    DCTCP phase next to cubic ones) is an extra where the kernel has it; the others still
+    compare. A congestion control the scenario itself asks for, or one that leaves no phase
+    to run, is an error (MachineError naming job.cc), not a skip.
+    """
+    raw = params.get("phases") or {}
+    have = ", ".join(congestion_controls)
+    skip: dict[str, str] = {}
+    for name, pp in phases.items():
+        cc = pp["job"]["cc"]
+        if cc in congestion_controls:
+            continue
+        own = ((raw.get(name) or {}).get("job") or {}).get("cc")
+        if own is None:
+            raise MachineError("job.cc", f"{cc} is not in this kernel (it has: {have}); "
+                               f"phase {name}")
+        skip[name] = f"skipped: this kernel has no {cc} (it has: {have})"
+    if skip and len(skip) == len(phases):
+        first = next(iter(skip))
+        raise MachineError(f"phases.{first}.job.cc", f"{phases[first]['job']['cc']} is not "
+                           f"in this kernel (it has: {have}) and no phase is left to run")
+    return skip
+
+
+def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    check_fabric(topo_desc, "collective")
+    phases = phase_params(params)
+    raw = params.get("phases") or {}
+    for name, pp in phases.items():
+        check_phase(name, pp, topo_desc, raw.get(name) or {})
+    return phases
+
+
+# -- placement ------------------------------------------------------------------------------
+
+def candidate_hosts(topo_desc: dict[str, Any], pp: dict[str, Any]) -> dict[str, list[str]]:
+    """{edge switch: its hosts that may run a worker}, storage hosts excluded."""
+    storage = set(pp["storage"]["hosts"])
+    return {sw: [h for h in hosts_of(topo_desc, sw) if h not in storage]
+            for sw in edge_switches(topo_desc)}
+
+
+def place_workers(topo_desc: dict[str, Any], pp: dict[str, Any],
+                  rng: random.Random) -> list[str]:
+    """Hosts of ranks 0..N-1.
+
+    ``packed`` fills one rack after another (what a topology-aware scheduler does);
+    ``interleaved`` alternates racks so that every ring hop crosses the spines (the worst
+    case for ECMP, and the one the lesson wants); ``scattered`` is a topology-blind
+    scheduler: any free hosts, in any order.
+    """
+    n = pp["job"]["workers"]
+    racks = [hs for hs in candidate_hosts(topo_desc, pp).values() if hs]
+    mode = pp["placement"]["hosts"]
+    if mode == "packed":
+        order = [h for hs in racks for h in hs]
+    elif mode == "interleaved":
+        order = [rack[i] for i in range(max(map(len, racks))) for rack in racks if i < len(rack)]
+    else:
+        order = [h for hs in racks for h in hs]
+        rng.shuffle(order)
+    return order[:n]
+
+
+@dataclass
+class Conn:
+    """One TCP connection of the job (or of storage), 5-tuple known before it starts."""
+
+    spec: FlowSpec
+    rank: int
+    epoch: int
+    index: int = 0        # run-wide: picks the connection's counter cookies
+
+
+def epochs(job: dict[str, Any]) -> int:
+    e = job["epoch_steps"]
+    return 1 if e <= 0 else -(-job["steps"] // e)
+
+
+def ring_conns(hosts: list[str], ips: dict[str, str], job: dict[str, Any],
+               sports: list[int], next_id: int) -> list[Conn]:
+    """Rank r -> rank r+1, one connection per epoch, source ports drawn for the run."""
+    n = len(hosts)
+    out = []
+    for e in range(epochs(job)):
+        for r in range(n):
+            src, dst = hosts[r], hosts[(r + 1) % n]
+            spec = FlowSpec(id=f"r{r}e{e}", src=src, dst=dst, src_ip=ips[src],
+                            dst_ip=ips[dst], proto="tcp", sport=sports.pop(),
+                            dport=RING_PORT + (r + 1) % n, rate_bps=0.0, kind="allreduce",
+                            cc=job["cc"])
+            out.append(Conn(spec, r, e, next_id + len(out)))
+    return out
+
+
+def uplink_ports(topo_desc: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """{(leaf, spine): the leaf's port towards that spine}."""
+    roles = {s["name"]: s["role"] for s in topo_desc["switches"]}
+    out = {}
+    for ln in topo_desc["links"]:
+        if roles.get(ln["a"]) == "leaf" and roles.get(ln["b"]) == "spine":
+            out[(ln["a"], ln["b"])] = ln["a_port"]
+    return out
+
+
+def balanced_pins(conns: list[Conn], leaf_of: dict[str, str],
+                  up: dict[tuple[str, str], int]) -> list[dict[str, Any]]:
+    """A collision-free placement of each epoch's cross-rack connections on the spines.
+
+    Greedy: each connection takes the spine least used by its source leaf's uplinks and its
+    destination leaf's downlinks so far; with at least as many spines as connections per
+    leaf (the non-blocking case), no two share a link. Only the data direction is pinned:
+    the ACKs are a few per cent of the bytes.
+    """
+    spines = sorted({s for (_, s) in up}, key=lambda s: int(s[5:]))
+    pins = []
+    for e in sorted({c.epoch for c in conns}):
+        load_up: dict[tuple[str, str], int] = {}
+        load_down: dict[tuple[str, str], int] = {}
+        for c in (c for c in conns if c.epoch == e):
+            a, b = leaf_of[c.spec.src], leaf_of[c.spec.dst]
+            if a == b:
+                continue
+            spine = min(spines, key=lambda s, a=a, b=b: (
+                max(load_up.get((a, s), 0), load_down.get((b, s), 0)),
+                load_up.get((a, s), 0) + load_down.get((b, s), 0)))
+            load_up[(a, spine)] = load_up.get((a, spine), 0) + 1
+            load_down[(b, spine)] = load_down.get((b, spine), 0) + 1
+            f = c.spec
+            pins.append({"switch": a, "port": up[(a, spine)], "proto": 6, "src": f.src_ip,
+                         "dst": f.dst_ip, "sport": f.sport, "dport": f.dport})
+    return pins
+
+
+def plan(topo_desc: dict[str, Any], params: dict[str, Any],
+         rng: random.Random) -> list[FlowSpec]:
+    """Checks every phase; the connections themselves are planned per phase when it runs."""
+    check(params, topo_desc)
+    return []

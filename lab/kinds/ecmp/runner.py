@@ -1,0 +1,126 @@
+"""The ecmp kind on a running fabric: the flows for the scenario's duration, counters
+before and after, faults on their schedule."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from lab.analysis import diagnose
+from lab.kinds.base import Progress, bring_up
+from lab.machine.progress import Ticker
+from lab.measure import telemetry
+from lab.measure.result import flow_entries
+from lab.measure.window import Window
+from lab.model.result import SCHEMA_VERSION
+from lab.workloads import faults
+from lab.workloads.traffic import FlowRunner
+
+
+def run(plan: Any, fabric: Any, progress: Progress, _prepared: Any = None) -> dict[str, Any]:
+    """Bring the fabric up, run every flow for the scenario's duration (faults injected on
+    their schedule), and return result.json with the links' and flows' counters."""
+    loss = bring_up(plan, fabric, progress)
+    result = _traffic(plan, fabric, progress)
+    result["metrics"]["pingall_loss_pct"] = loss
+    if loss > 0:
+        result["fidelity"]["valid"] = False
+        result["fidelity"]["notes"].append(f"pingall lost {loss:.0f}% before traffic")
+    return result
+
+
+def _traffic(plan: Any, fabric: Any, progress: Progress) -> dict[str, Any]:
+    assert fabric.controller is not None
+    duration = float(plan.params["duration"])
+    watch = [e for i, f in enumerate(plan.flows) for e in f.watch_entries(i)]
+    fabric.controller.request({"cmd": "watch", "flows": watch})
+    planned_faults = faults.parse(plan.params.get("faults"), plan.topo_desc, duration)
+    runner = FlowRunner(fabric, plan.flows, fabric.run_dir, fabric.record,
+                        interval_s=faults.INTERVAL_S if planned_faults else None)
+    ports = telemetry.fabric_ports(plan.topo_desc)
+    sampler = telemetry.Sampler(ports, hz=telemetry.SAMPLE_HZ, controller=fabric.controller)
+    bridges = [s["name"] for s in plan.topo_desc["switches"]]
+    window = Window(sampler, ports, bridges)
+    injector = faults.Injector(planned_faults, fabric.controller, bridges)
+    try:
+        runner.start_servers()
+        sampler.start()
+        window.open()
+        injector.t0 = runner.start_clients(duration)
+        if planned_faults:
+            injector.start()
+        progress(f"[{plan.policy_label}] {len(plan.flows)} flows for {duration:g} s ..."
+                 + "".join(f"\n  fault at {f.at:g} s: {f.label}" for f in planned_faults))
+        # CPU idle counts from when the last client was connected: starting them is set-up.
+        connected = runner.wait_connected()
+        t_fid = window.t_start if connected is None else connected - sampler.t0
+        with Ticker(duration, f"[{plan.policy_label}] traffic"):
+            runner.wait(timeout_s=duration + 15)
+        fabric.timings["traffic_s"] = time.monotonic() - sampler.t0 - window.t_start
+        injector.stop()
+        faults.restore(planned_faults)
+        window.close()
+        status = fabric.controller.request({"cmd": "status"})
+    finally:
+        if injector.is_alive():
+            injector.stop()
+        runner.stop()
+        sampler.stop()
+    runner.collect()
+    result: dict[str, Any] = {
+        "schema": SCHEMA_VERSION, "scenario": plan.scenario.name, **plan.policy_fields(),
+        "seed": int(plan.params["seed"]), "duration_s": round(window.measured_s, 3),
+        "environment": plan.env.as_result(), "topology": plan.topo_desc,
+        "params": plan.params,
+        "links": window.links(),
+        "flows": flow_entries(plan.flows, window.flow_deltas(), plan.topo_desc),
+        # What the controller did: per-flow decisions taken, port-load samples fed to a
+        # load-aware policy (0 for the others).
+        "controller": {k: status.get(k) for k in ("decisions", "port_samples")},
+    }
+    if planned_faults:
+        result["faults"] = faults.report(planned_faults, injector, status, plan.flows,
+                                         runner.dir, duration)
+        for f in result["flows"]:
+            f.update(result["faults"]["per_flow"][f["id"]])
+    result["metrics"] = plan.kind.analyse(result, plan.params)
+    if planned_faults:
+        result["metrics"]["faults"] = result["faults"]["summary"]
+    result["fidelity"] = _fidelity(plan, result, window.judge(t_fid, window.t_end),
+                                   planned_faults)
+    return result
+
+
+def _fidelity(plan: Any, result: dict[str, Any], judged: dict[str, Any],
+              planned_faults: list[Any]) -> dict[str, Any]:
+    """Whether the run's numbers describe the network: the CPU had time to spare, every
+    flow ran, and each flow's counters form one path; notes say why not."""
+    notes = list(plan.env.notes)
+    if planned_faults:
+        notes.append("faults injected (a flow's counters may show two paths, and bytes sent "
+                     "into a dead link are lost in the datapath): "
+                     + "; ".join(f.label for f in planned_faults))
+        notes += result["faults"]["errors"]
+    idle_min = judged["cpu_idle_min_pct"]
+    valid = idle_min >= telemetry.MIN_CPU_IDLE_PCT
+    if not valid:
+        notes.append(f"CPU-bound: least idle second had {idle_min:.0f}% idle "
+                     f"(< {telemetry.MIN_CPU_IDLE_PCT:g}%); numbers describe the emulator")
+    if planned_faults and result["faults"]["errors"]:
+        valid = False
+    errors = [f"{f['id']}: {f['error']}" for f in result["flows"] if f.get("error")]
+    if errors:
+        valid = False
+        notes += errors
+    unclean = [f["id"] for f in result["flows"] if not f["path_clean"]]
+    if unclean:
+        notes.append(f"flows whose counters do not form one path: {', '.join(unclean)}")
+    # With links failing, bytes sent into a dead link are lost by design and a flow's
+    # counters can show two paths: the path-based loss check has nothing sound to say.
+    unexplained = {} if planned_faults else diagnose.unexplained_loss(result)
+    if unexplained:
+        notes.append("bytes lost inside the switches' datapath, not in a configured queue: "
+                     + ", ".join(f"{k} {v} B" for k, v in unexplained.items()))
+    return {"cpu_idle_min_pct": idle_min, "cpu_idle_pct": judged["cpu_idle_pct"],
+            "valid": valid, "lab_cpu_pct": judged["lab_cpu_pct"],
+            "window_s": judged["window_s"], "notes": notes, "datapath_loss_bytes": unexplained}

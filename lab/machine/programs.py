@@ -1,0 +1,57 @@
+"""Programs the lab starts inside hosts: spawned with a log and a run-record entry, then
+started together.
+
+One place for the lab's side of :mod:`lab.agents.golatch`: wait for every program's ready file,
+then say go to all of them at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+#: Seconds a program may take to say it is ready before it counts as hung. Only a guard:
+#: a Python start-up takes 0.2 s here but seconds under a VM's software CPU (TCG).
+READY_TIMEOUT_S = 60.0
+
+
+def spawn(fabric: Any, host: str, argv: list[str], log: Path, what: str) -> subprocess.Popen:
+    """Start ``argv`` in ``host``'s namespace, output to ``log``, its PID in the run record
+    (so an interrupted run kills exactly it)."""
+    out = open(log, "wb")  # noqa: SIM115 - the child owns it
+    proc = fabric.host(host).popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    fabric.record.add_pid(proc.pid, what)
+    return proc
+
+
+def wait_ready(ready: list[Path], procs: list[Any],
+               stop_at_death: bool = False) -> tuple[list[str], list[str]]:
+    """Wait for each program's ready file; returns the files of those that exited without
+    one and of those still waiting when READY_TIMEOUT_S ran out.
+
+    ``stop_at_death``: return as soon as one has died.
+    """
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        dead = [str(r) for r, p in zip(ready, procs, strict=True)
+                if p.poll() is not None and not r.exists()]
+        waiting = [str(r) for r, p in zip(ready, procs, strict=True)
+                   if p.poll() is None and not r.exists()]
+        if not waiting or (dead and stop_at_death) or time.monotonic() > deadline:
+            return dead, waiting
+        time.sleep(0.02)
+
+
+def go(ready: list[Path], procs: list[Any]) -> None:
+    """Say go to every program once all are ready.
+
+    One that died or hangs gets no wait beyond READY_TIMEOUT_S; its log and its missing
+    output say what happened, and the others go.
+    """
+    wait_ready(ready, procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGUSR1)

@@ -1,0 +1,3 @@
+"""Pure data with no side effects: errors, validators, scenarios, flow paths, flows,
+statistics.
+"""

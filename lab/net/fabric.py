@@ -1,0 +1,274 @@
+"""Bring an emulated fabric up and down: Mininet hosts and links, OVS switches, the controller.
+
+Order matters and is fixed here: refuse names that already exist (Mininet would otherwise
+delete a same-named bridge of somebody else's), write down what will be created, start the
+controller, then build the network and start the switches, then wait until the controller
+says every switch is programmed. Teardown removes exactly what the record lists.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from mininet.log import setLogLevel
+from mininet.net import Mininet
+from mininet.node import OVSSwitch, RemoteController
+
+from lab.machine import state
+from lab.machine.environment import Environment
+from lab.model.errors import MachineError
+from lab.model.flows import EPHEMERAL_SYSCTL, HOST_EPHEMERAL_PORTS
+from lab.net.controller import Controller
+from lab.net.links import ShapedIntf, ShapedLink
+from lab.net.topologies import FabricTopo, describe
+
+#: Compiled BPF objects (the ECN marker), built on first use and kept across runs: they
+#: depend only on the source, and building takes a second of clang.
+BPF_BUILD_DIR = state.STATE_DIR / "bpf"
+
+
+def planned_names(topo: FabricTopo) -> tuple[list[str], list[str]]:
+    """(OVS bridges, root-namespace interfaces) the topology will create.
+
+    Mininet names an interface ``<node>-eth<port>``; switch ends live in the root namespace,
+    host ends in the hosts' namespaces (those vanish with the namespace).
+    """
+    bridges = list(topo.switches())
+    intfs = []
+    switch_set = set(bridges)
+    for a, b, info in topo.links(withInfo=True):
+        for node, port in ((a, info["port1"]), (b, info["port2"])):
+            if node in switch_set:
+                intfs.append(f"{node}-eth{port}")
+    return bridges, intfs
+
+
+def controller_config(topo_desc: dict, policy: str, seed: int,
+                      gateways: frozenset[str] = frozenset(), ecn: str = "none",
+                      build_dir: str = "") -> dict[str, object]:
+    """What the controller needs to program L3 ECMP forwarding: no guessing on its side.
+
+    ``gateways`` are hosts that route for addresses outside the fabric (a router's
+    fabric-facing interface): frames sent to their MAC are forwarded to them.
+    """
+    switch_names = {s["name"] for s in topo_desc["switches"]}
+    hosts = []
+    fabric_links = []
+    for link in topo_desc["links"]:
+        a, b = link["a"], link["b"]
+        if a in switch_names and b in switch_names:
+            fabric_links.append({k: link[k] for k in ("a", "a_port", "b", "b_port")})
+        else:
+            host, sw, port = (a, b, link["b_port"]) if b in switch_names else (b, a,
+                                                                                link["a_port"])
+            hosts.append((host, sw, port))
+    by_name = {h["name"]: h for h in topo_desc["hosts"]}
+    switch_ports = [{"switch": node, "port": port, "intf": f"{node}-eth{port}",
+                     "rate_bps": int(link["bw_mbps"] * 1e6), "limit_bytes": link["queue_bytes"]}
+                    for link in topo_desc["links"]
+                    for node, port in ((link["a"], link["a_port"]), (link["b"], link["b_port"]))
+                    if node in switch_names]
+    return {
+        "ports": switch_ports, "ecn": {"mechanism": ecn, "build_dir": build_dir},
+        "policy": policy, "seed": seed,
+        "switches": [{"name": s["name"], "dpid": s["dpid"]} for s in topo_desc["switches"]],
+        "hosts": [{"name": h, "ip": by_name[h]["ip"], "mac": by_name[h]["mac"], "switch": sw,
+                   "port": port, "gateway": h in gateways} for h, sw, port in hosts],
+        "links": fabric_links,
+    }
+
+
+#: Pings in flight per host at once. Every host pinging all its peers at once is 16,256
+#: pings for a fat-tree k=8: measured, 99 % of them lost to the flood of ping processes on
+#: 2 cores, with every entry installed. Eight at a time per host lost 0 % at k=6.
+PINGS_PER_HOST = 8
+
+
+def _ping_round(hosts: list, targets: dict[Any, list[str]],
+                timeout_s: float) -> dict[Any, list[str]]:
+    """Each host pings its targets, PINGS_PER_HOST at a time; the targets it lost."""
+    procs = []
+    for h in hosts:
+        if not targets.get(h):
+            continue
+        script = (f"printf '%s\\n' {' '.join(targets[h])} | xargs -P {PINGS_PER_HOST} -I@ "
+                  f"sh -c 'ping -c1 -W{timeout_s:g} -q @ >/dev/null 2>&1 && echo ok @ "
+                  f"|| echo lost @'")
+        procs.append((h, h.popen(["sh", "-c", script], stdout=subprocess.PIPE)))
+    lost: dict[Any, list[str]] = {}
+    for h, p in procs:
+        words = p.communicate()[0].decode().split()
+        lost[h] = [ip for verdict, ip in zip(words[::2], words[1::2], strict=False)
+                   if verdict == "lost"]
+        answered = len(words) // 2
+        if answered < len(targets[h]):          # a ping that printed nothing: lost too
+            said = set(words[1::2])
+            lost[h] += [ip for ip in targets[h] if ip not in said]
+    return lost
+
+
+def ping_all(hosts: list, timeout_s: float = 1.0) -> float:
+    """All-pairs ping, hosts side by side; the loss in per cent.
+
+    Mininet's ``pingAll`` pings pair after pair (240 round trips through the shells for 16
+    hosts, most of a fat-tree's bring-up time); here each host pings its peers in parallel,
+    a few at a time. A pair lost in the first round is pinged once more: its first packet
+    may have met a burst of every pair's first packets at the controller (a per-flow policy
+    decides each), which says nothing about whether the fabric connects them.
+    """
+    targets = {h: [o.IP() for o in hosts if o is not h] for h in hosts}
+    total = sum(len(t) for t in targets.values())
+    lost = _ping_round(hosts, targets, timeout_s)
+    if any(lost.values()):
+        lost = _ping_round(hosts, lost, timeout_s)
+    return 100.0 * sum(len(v) for v in lost.values()) / total if total else 0.0
+
+
+class LabControllerRef(RemoteController):
+    """Mininet's handle on the lab's controller; skips Mininet's telnet probe of the port
+    (the lab already knows the controller is up: it asked over the control socket)."""
+
+    def checkListening(self) -> None:  # noqa: N802 - Mininet API name
+        return
+
+
+class Fabric:
+    """A running network: ``start()`` brings it up, ``stop()`` removes what it created."""
+
+    def __init__(self, topo: FabricTopo, env: Environment, runtime: str, policy: str,
+                 seed: int, run_dir: Path, record: state.RunRecord) -> None:
+        self.topo = topo
+        self.desc = describe(topo)
+        self.env = env
+        self.runtime = runtime
+        self.policy = policy
+        self.seed = seed
+        self.run_dir = run_dir
+        self.record = record
+        self.net: Mininet | None = None
+        self.controller: Controller | None = None
+        self.timings: dict[str, float] = {}
+        #: Hosts that route for off-fabric addresses (set before ``start``).
+        self.gateways: frozenset[str] = frozenset()
+
+    # -- bring-up ---------------------------------------------------------------------------
+    @staticmethod
+    def check_free(bridges: list[str], intfs: list[str]) -> None:
+        taken = sorted(set(bridges) & state.existing_bridges())
+        taken += sorted(set(intfs) & state.existing_interfaces())
+        if taken:
+            raise MachineError("topology", f"{', '.join(taken[:5])} already exist(s) and were "
+                               "not created by this run; if a killed FabricLab run left them, "
+                               "run `fabriclab clean`")
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        setLogLevel("warning")
+        bridges, intfs = planned_names(self.topo)
+        self.check_free(bridges, intfs)
+        self.record.bridges = bridges
+        self.record.interfaces = intfs
+        self.record.save()
+        self.controller = Controller(self.runtime,
+                                     controller_config(self.desc, self.policy, self.seed,
+                                                       self.gateways, self.env.ecn,
+                                                       str(BPF_BUILD_DIR)),
+                                     self.run_dir, self.record)
+        self.controller.start()
+        self.timings["controller_s"] = time.monotonic() - t0
+        ShapedIntf.netem_available = self.env.netem
+        switch = partial(OVSSwitch, datapath=self.env.datapath, failMode="secure",
+                         protocols="OpenFlow13")
+        ctrl = partial(LabControllerRef, ip="127.0.0.1", port=self.controller.port)
+        self.net = Mininet(topo=self.topo, switch=switch, link=ShapedLink, controller=ctrl,
+                           autoSetMacs=False, autoStaticArp=False, build=False,
+                           waitConnected=False)
+        self.net.build()
+        self.static_arp()
+        for node in self.net.hosts + self.net.switches + self.net.controllers:
+            self.record.pids.append({"pid": node.pid, "start": state.proc_start_time(node.pid),
+                                     "what": f"shell {node.name}"})
+        self.record.save()
+        for host in self.net.hosts:
+            # txrehash=0: a TCP socket keeps its hash. Linux re-rolls it after a timeout or a
+            # spurious retransmission, and the kernel datapath's select groups hash on it:
+            # measured in the VM, a flow's ACKs moved to the other spine mid-run. The per-flow
+            # hashing the lab shows assumes a flow keeps its path (the userspace datapath
+            # hashes the headers). Kernels before 5.19 lack the switch (-e: no error).
+            ports = host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
+                             "net.ipv6.conf.default.disable_ipv6=1 net.ipv4.tcp_ecn=0 "
+                             f"{EPHEMERAL_SYSCTL}; sysctl -qew net.core.txrehash=0; "
+                             "sysctl -n net.ipv4.ip_local_port_range")
+            if ports.split() != [str(p) for p in HOST_EPHEMERAL_PORTS]:
+                raise MachineError("topology", f"{host.name}: could not move its ephemeral "
+                                   f"ports to {HOST_EPHEMERAL_PORTS}: {ports.strip()!r}")
+        self.timings["build_s"] = time.monotonic() - t0
+        self.net.start()
+        self.fast_reconnect()
+        self.controller.wait_ready()
+        self.timings["ready_s"] = time.monotonic() - t0
+
+    def fast_reconnect(self) -> None:
+        """Switches retry a lost controller every second, not after up to 8 s (OVS's
+        default backoff), so a restarted controller is found as soon as it listens.
+
+        Only this run's controller records are changed: they are the ones whose target is
+        this run's port.
+        """
+        assert self.controller is not None
+        out = subprocess.run(["ovs-vsctl", "--timeout=10", "--format=csv", "--no-headings",
+                              "--columns=_uuid,target", "list", "Controller"],
+                             capture_output=True, text=True, check=False).stdout
+        target = f"tcp:127.0.0.1:{self.controller.port}"
+        cmd = ["ovs-vsctl", "--timeout=10"]
+        for line in out.splitlines():
+            uuid, _, tgt = line.partition(",")
+            if tgt.strip().strip('"') == target:
+                cmd += ["--", "set", "Controller", uuid.strip(), "max_backoff=1000"]
+        if len(cmd) > 2:
+            subprocess.run(cmd, check=False, capture_output=True)
+
+    def static_arp(self) -> None:
+        """Every fabric host knows every other's MAC: the controller answers no ARP.
+
+        Not Mininet's ``autoStaticArp``: it runs ``arp -s`` per pair through the shells
+        and, for a node without a Mininet address (a router of ``lab.net.edge``), passes it
+        "None", which ``arp`` tries to resolve as a host name.
+        """
+        assert self.net is not None
+        hosts = self.desc["hosts"]
+        for h in hosts:
+            node = self.net.get(h["name"])
+            batch = "\n".join(f"neigh replace {o['ip']} lladdr {o['mac']} dev "
+                              f"{node.defaultIntf().name} nud permanent"
+                              for o in hosts if o is not h)
+            node.cmd(f"ip -batch - <<'EOF'\n{batch}\nEOF")
+
+    def pingall(self, timeout_s: float = 1.0) -> float:
+        """Every host pings every other once; returns the loss in per cent."""
+        assert self.net is not None
+        return ping_all(self.net.hosts, timeout_s)
+
+    def host(self, name: str):
+        assert self.net is not None
+        return self.net.get(name)
+
+    # -- teardown ---------------------------------------------------------------------------
+    def stop(self) -> dict[str, int]:
+        """Stop the controller, then remove exactly what the record lists.
+
+        Not ``Mininet.stop()``: it deletes links one interface at a time through the nodes'
+        shells. The record already names every process, bridge and root-namespace veth, and
+        removing those in bulk (a host's veth goes with its namespace) is 2-3x faster.
+        """
+        t0 = time.monotonic()
+        if self.controller is not None:
+            self.controller.stop()
+        left = state.remove(self.record)
+        self.net = None
+        self.timings["stop_s"] = time.monotonic() - t0
+        return left

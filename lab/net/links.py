@@ -1,0 +1,205 @@
+"""Emulated links: a veth pair whose ends are shaped by htb with a byte-limited FIFO.
+
+Mininet's ``TCLink`` silently drops ``delay``/``loss``/``max_queue_size`` when the kernel has no
+netem. Here every requested property is either applied or refused: the rate and queue come
+from htb + bfifo (present in every kernel the lab supports), delay, jitter and loss only from
+netem.
+
+Qdisc layout of one link end (handles are fixed: telemetry, the ECN marker and the streaming
+kind find the queue by them)::
+
+    no delay/loss:   1: htb root ── class 1:1 (rate) ── 10: bfifo (queue_bytes)
+    with netem:      2: netem root (delay/jitter/loss) ── 1: htb ── class 1:1 ── 10: bfifo
+
+netem sits at the root, above htb, rather than as htb's leaf: netem has only a packet limit,
+so as the leaf it would lose the configured byte queue. At the root it only holds packets for
+their delay (its own time line, sized so that it never drops: :func:`netem_limit_packets`), and
+the queue that fills, drops and marks is still the bfifo (or RED) leaf ``10:``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mininet.link import Intf, Link, TCIntf
+
+from controllers.ecn import htb_burst_bytes
+from lab.model.errors import TopologyError
+
+#: DRR quantum of the single htb class: explicit, or tc warns that rate/r2q is too big.
+_QUANTUM_BYTES = 100_000
+#: The longest one-way delay (and jitter) a link may be given: a path around the planet and
+#: back is ~300 ms; a second is plainly a typo for something else.
+MAX_DELAY_MS = 1000.0
+#: netem's time line holds what arrives during delay + jitter. Arrivals at a switch port may
+#: exceed its rate (many senders into one port: that is what the queue behind is for), so the
+#: line is sized for this many times the link rate, in full-size frames ...
+_NETEM_FANIN = 16
+_NETEM_FRAME_BYTES = 1500
+#: ... and never below netem's own default.
+_NETEM_MIN_LIMIT = 1000
+#: Handle of the root netem when a link has delay/jitter/loss.
+NETEM_HANDLE = "2:"
+
+
+@dataclass(frozen=True)
+class Netem:
+    """One-way propagation delay, its jitter and random loss of one link direction.
+
+    Jitter is netem's: each packet draws its own delay, so packets of one flow may be
+    reordered (TCP sees that as loss). Use it to study exactly that, not as decoration.
+    """
+
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return bool(self.delay_ms or self.jitter_ms or self.loss_pct)
+
+    def args(self) -> str:
+        """netem's own arguments, e.g. ``delay 10ms 2ms loss 0.5%``."""
+        out = []
+        if self.delay_ms or self.jitter_ms:
+            out.append(f"delay {self.delay_ms:g}ms" + (f" {self.jitter_ms:g}ms"
+                                                       if self.jitter_ms else ""))
+        if self.loss_pct:
+            out.append(f"loss {self.loss_pct:g}%")
+        return " ".join(out)
+
+    def as_dict(self) -> dict[str, float]:
+        return {"delay_ms": self.delay_ms, "jitter_ms": self.jitter_ms,
+                "loss_pct": self.loss_pct}
+
+
+def _check_number(field: str, value: object, hi: float, unit: str,
+                  below_hi: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise TopologyError(field, f"expected a number of {unit}, got {value!r}")
+    if value < 0 or value > hi or (below_hi and value == hi):
+        bound = f"< {hi:g}" if below_hi else f"<= {hi:g}"
+        raise TopologyError(field, f"{value} is out of range (0 <= {field.rsplit('.', 1)[-1]} "
+                            f"{bound} {unit})")
+    return float(value)
+
+
+def check_netem(fields: tuple[str, str, str], delay_ms: object = 0.0,
+                jitter_ms: object = 0.0, loss_pct: object = 0.0) -> Netem:
+    """A ``Netem`` from user values; each bad one is a TopologyError naming its field
+    (``fields`` names delay, jitter and loss as the user wrote them)."""
+    f_delay, f_jitter, f_loss = fields
+    delay = _check_number(f_delay, delay_ms, MAX_DELAY_MS, "ms")
+    jitter = _check_number(f_jitter, jitter_ms, MAX_DELAY_MS, "ms")
+    loss = _check_number(f_loss, loss_pct, 100.0, "%", below_hi=True)
+    if jitter > delay:
+        # netem would clamp the negative delays to 0: the link would not have the
+        # distribution asked for.
+        raise TopologyError(f_jitter, f"{jitter:g} ms of jitter is more than the delay "
+                            f"({delay:g} ms, {f_delay}); delays cannot go below 0")
+    return Netem(delay, jitter, loss)
+
+
+def netem_limit_packets(bw_mbps: float | None, netem: Netem) -> int:
+    """netem's packet limit: what can arrive while packets wait out delay + jitter.
+
+    netem drops (counted at the root, indistinguishable there from queue drops) when its
+    time line is full; sized for ``_NETEM_FANIN`` times the link rate in full-size frames,
+    it never is, and every drop is the byte queue's.
+    """
+    window_s = (netem.delay_ms + netem.jitter_ms) / 1000
+    rate_bytes = (bw_mbps or 1000.0) * 1e6 / 8
+    return max(_NETEM_MIN_LIMIT,
+               math.ceil(_NETEM_FANIN * rate_bytes * window_s / _NETEM_FRAME_BYTES))
+
+
+def tc_commands(dev: str, bw: float | None, queue_bytes: int,
+                netem: Netem | None = None) -> list[str]:
+    """The tc commands that give ``dev`` its layout (see the module doc), in order."""
+    cmds: list[str] = []
+    htb_parent = "root"
+    if netem is not None and netem.active:
+        cmds.append(f"tc qdisc add dev {dev} root handle {NETEM_HANDLE} netem "
+                    f"limit {netem_limit_packets(bw, netem)} {netem.args()}")
+        htb_parent = f"parent {NETEM_HANDLE}1"
+    if bw is None:
+        return cmds
+    burst = htb_burst_bytes(bw * 1e6)
+    cmds += [
+        f"tc qdisc add dev {dev} {htb_parent} handle 1: htb default 1",
+        f"tc class add dev {dev} parent 1: classid 1:1 htb rate {bw}mbit ceil {bw}mbit "
+        f"burst {burst} cburst {burst} quantum {_QUANTUM_BYTES}",
+        f"tc qdisc add dev {dev} parent 1:1 handle 10: bfifo limit {queue_bytes}",
+    ]
+    return cmds
+
+
+def root_netem_delay_ms(qdiscs: list[dict]) -> float | None:
+    """One-way delay (ms) of the netem at a device's root, from ``tc -j qdisc show dev X``
+    (iproute2 prints it in seconds); None when the root is not netem or has no delay."""
+    for q in qdiscs:
+        if q.get("root") and q.get("kind") == "netem":
+            delay = (q.get("options") or {}).get("delay")
+            if isinstance(delay, dict):
+                delay = delay.get("delay")
+            if isinstance(delay, int | float) and not isinstance(delay, bool) and delay > 0:
+                return round(delay * 1000, 6)
+            return None
+    return None
+
+
+class ShapedIntf(TCIntf):
+    """An interface shaped to ``bw`` Mbit/s with a ``queue_bytes`` tail-drop queue, and
+    optionally netem's ``delay_ms``, ``jitter_ms`` and ``loss_pct`` (layout: module doc).
+
+    Without netem in the kernel, asking for any of them is refused (``netem_field`` names
+    the value), unless ``netem_optional``: then the link has none, and whoever asked must
+    read back and record what the link got (:func:`root_netem`).
+
+    Subclasses ``TCIntf`` so that Mininet re-applies this config after OVS adds the port.
+    """
+
+    netem_available = False  # set by the lab from environment detection
+
+    def config(self, bw: float | None = None, queue_bytes: int | None = None,
+               delay_ms: float = 0.0, jitter_ms: float = 0.0, loss_pct: float = 0.0,
+               netem_field: str = "link.delay_ms", netem_optional: bool = False,
+               **params: object) -> dict:
+        # No IPv6 on emulated links: router solicitations and MLD reports would otherwise
+        # show up in the per-link byte counters that the report checks against the flows.
+        self.cmd(f"echo 1 > /proc/sys/net/ipv6/conf/{self.name}/disable_ipv6")
+        for mininet_key in ("delay", "jitter", "loss", "max_queue_size"):
+            if params.get(mininet_key) is not None:
+                raise TopologyError(f"link.{mininet_key}", "not a FabricLab link parameter "
+                                    "(use delay_ms, jitter_ms, loss_pct or queue_bytes)")
+        result = Intf.config(self, **params)
+        netem = Netem(delay_ms, jitter_ms, loss_pct)
+        if netem.active and not self.netem_available and netem_optional:
+            netem = Netem()        # "where the kernel can": the caller records what it got
+        if netem.active and not self.netem_available:
+            raise TopologyError(netem_field, "this kernel has no netem; delay, jitter and "
+                                "loss cannot be emulated here (see `fabriclab doctor`)")
+        if bw is None and not netem.active:
+            return result
+        dev = self.name
+        self.cmd(f"tc qdisc del dev {dev} root 2>/dev/null")
+        for cmd in tc_commands(dev, bw, queue_bytes or 150_000, netem):
+            out = self.cmd(f"{cmd} 2>&1; echo __rc=$?").strip()
+            text, _, rc = out.rpartition("__rc=")
+            if rc.strip() != "0":
+                raise TopologyError("link", f"{dev}: `{cmd}` failed: {text.strip()}")
+        if bw is not None:
+            result["bw"] = bw
+        if netem.active:
+            result["netem"] = netem.args()
+        return result
+
+
+class ShapedLink(Link):
+    """A Mininet link whose two ends are ``ShapedIntf`` with the same parameters."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("cls1", ShapedIntf)
+        kwargs.setdefault("cls2", ShapedIntf)
+        super().__init__(*args, **kwargs)
