@@ -28,13 +28,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 from controllers import config, openflow, plan, policies, routing
 from controllers.control import ControlServer
-from controllers.plan import FlowEntry, Pin, RequestError, SelectGroup, SwitchPlan, Watch
+from controllers.plan import FlowEntry, Pin, SelectGroup, SwitchPlan, Watch
 from controllers.policies import FlowKey
+from controllers.requests import ControlRequests
 from controllers.runtime import (
     CONFIG_DISPATCHER,
     DEAD_DISPATCHER,
@@ -54,7 +54,6 @@ from controllers.runtime import (
 )
 
 LOG = logging.getLogger("fabriclab.app")
-WATCH_BARRIER_TIMEOUT_S = 10.0
 HISTORY = 200                             # link events, reroutes and resyncs kept for status
 
 
@@ -102,7 +101,7 @@ def frame_dst_mac(data: bytes) -> str:
     return ":".join(f"{b:02x}" for b in data[:6])
 
 
-class FabricApp(BaseApp):
+class FabricApp(ControlRequests, BaseApp):
     """Programs every configured switch and answers the lab on the control socket."""
 
     OFP_VERSIONS: ClassVar[list[int]] = [ofproto_v1_3.OFP_VERSION]
@@ -498,164 +497,3 @@ class FabricApp(BaseApp):
             self._decisions += 1
         LOG.debug("%s: %s %s:%d -> %s:%d -> port %d of %s", sw.name, key.proto, key.src,
                   key.sport, key.dst, key.dport, port, ports)
-
-    # -- control requests (from the control server's threads) --------------------------------
-    def handle_request(self, req: dict[str, Any]) -> dict[str, Any]:
-        cmd = req.get("cmd")
-        if cmd == "status":
-            return self.status()
-        handlers = {"watch": lambda: self.watch(req.get("flows")),
-                    "pin": lambda: self.pin(req.get("flows")),
-                    "ecn": lambda: self.ecn(req.get("ports")),
-                    "ecn_stats": self.ecn_stats}
-        if cmd not in handlers:
-            return {"ok": False, "error": f"unknown cmd {cmd!r} (known: status, "
-                                          f"{', '.join(handlers)})"}
-        try:
-            return handlers[cmd]()
-        except RequestError as exc:
-            return {"ok": False, "error": f"{cmd}: {exc}"}
-
-    def status(self) -> dict[str, Any]:
-        with self._lock:
-            states = {name: sw.state for name, sw in self._switches.items()}
-            errors = {name: sw.errors[-1] for name, sw in self._switches.items() if sw.errors}
-            decisions, watched = self._decisions, len(self._watched)
-            port_samples = self._port_samples
-            down = self.down_link_names()
-            history = {"link_events": [dict(e) for e in self._link_events],
-                       "reroutes": [dict(r) for r in self._reroutes],
-                       "resyncs": [dict(r) for r in self._resyncs]}
-        switches = {s.name: states.get(s.name, "absent") for s in self.cfg.switches}
-        return {"ok": True, "runtime": RUNTIME_NAME, "runtime_version": RUNTIME_VERSION,
-                "policy": self.policy.name, "seed": self.cfg.seed, "switches": switches,
-                "ready": all(v == "programmed" for v in switches.values()),
-                "errors": errors, "watched": watched, "decisions": decisions,
-                "port_samples": port_samples, "down_links": down, **history}
-
-    def watch(self, flows: Any) -> dict[str, Any]:
-        """Per-flow counters on every connected switch; replies after all their barriers."""
-        if not isinstance(flows, list):
-            raise RequestError("flows: expected a list")
-        watches = [plan.parse_watch(f, f"flows[{i}]") for i, f in enumerate(flows)]
-        by_cookie: dict[int, Watch] = {}
-        for w in watches:
-            if by_cookie.setdefault(w.cookie, w) != w:
-                raise RequestError(f"cookie {w.cookie}: given twice for different flows")
-        with self._lock:
-            replaced = [old for c, w in by_cookie.items()
-                        if (old := self._watched.get(c)) is not None and old != w]
-            self._watched.update(by_cookie)
-            targets = list(self._switches.values())
-            changes = {sw.name: ([plan.watch_entry(o) for o in replaced],
-                                 [plan.watch_entry(w) for w in by_cookie.values()])
-                       for sw in targets}
-        failed = self._apply(targets, changes)
-        if failed:
-            return {"ok": False, "error": "watch: " + "; ".join(failed)}
-        LOG.info("watching %d flows on %d switches", len(by_cookie), len(targets))
-        return {"ok": True, "installed": len(by_cookie) * len(targets)}
-
-    def _apply(self, targets: list[_Switch],
-               changes: dict[str, tuple[list[FlowEntry], list[FlowEntry]]]) -> list[str]:
-        """Delete then add entries on each target switch; wait for every barrier reply.
-
-        Returns what failed (empty: every switch confirmed every change).
-        """
-        replies = hub.Queue()
-        with self._lock:
-            for sw in targets:
-                deletes, adds = changes.get(sw.name, ([], []))
-                for entry in deletes:
-                    sw.dp.send_msg(openflow.delete_flow_strict(sw.dp, entry))
-                for entry in adds:
-                    sw.dp.send_msg(openflow.add_flow(sw.dp, entry))
-                self._send_barrier(sw, lambda ok, why, n=sw.name: replies.put((n, ok, why)))
-        deadline = time.monotonic() + WATCH_BARRIER_TIMEOUT_S
-        failed = []
-        for _ in targets:
-            try:
-                name, ok, why = replies.get(timeout=max(0.0, deadline - time.monotonic()))
-            except hub.QueueEmpty:
-                failed.append(f"no barrier reply within {WATCH_BARRIER_TIMEOUT_S:g} s")
-                break
-            if not ok:
-                failed.append(f"{name}: {why}")
-        return failed
-
-    def pin(self, flows: Any) -> dict[str, Any]:
-        """Replace the set of placed flows: each 5-tuple leaves its switch by a given port.
-
-        The request is the whole placement (an empty list removes every pin), so the lab
-        can switch a job from hashing to placement and back between phases.
-        """
-        if not isinstance(flows, list):
-            raise RequestError("flows: expected a list")
-        pins = [plan.parse_pin(f, self.ports_of, f"flows[{i}]") for i, f in enumerate(flows)]
-        wanted = {(p.switch, p.key): p for p in pins}
-        if len(wanted) != len(pins):
-            raise RequestError("flows: a 5-tuple is placed twice on one switch")
-        with self._lock:
-            old = self._pinned
-            self._pinned = wanted
-            targets = list(self._switches.values())
-            changes = {sw.name: ([plan.pin_entry(p) for k, p in old.items()
-                                  if k[0] == sw.name and wanted.get(k) != p],
-                                 [plan.pin_entry(p) for k, p in wanted.items()
-                                  if k[0] == sw.name and old.get(k) != p])
-                       for sw in targets}
-        failed = self._apply(targets, changes)
-        if failed:
-            return {"ok": False, "error": "pin: " + "; ".join(failed)}
-        LOG.info("placed %d flow entries", len(wanted))
-        return {"ok": True, "pinned": len(wanted)}
-
-    # -- ECN marking -------------------------------------------------------------------------
-    def ecn(self, ports: Any) -> dict[str, Any]:
-        """Set (or turn off) ECN marking per egress port, at run time.
-
-        ``ports`` is a list of {"intf": "leaf2-eth1", "k_bytes": K} (a step at K, as DCTCP
-        wants), {"intf", "kmin_bytes", "kmax_bytes", "pmax"} (RED/DCQCN-style), or
-        {"intf", "off": true}. Everything is checked before any port is touched.
-        """
-        from controllers import ecn as ecn_mod  # only runs with marking asked for
-        if self.cfg.ecn_mechanism == "none":
-            raise RequestError("this machine has no ECN marking mechanism")
-        if not isinstance(ports, list) or not ports:
-            raise RequestError("ports: expected a non-empty list")
-        todo = []
-        for i, item in enumerate(ports):
-            where = f"ports[{i}]"
-            if not isinstance(item, dict):
-                raise RequestError(f"{where}: expected an object")
-            intf = item.get("intf")
-            if intf not in self.queues:
-                raise RequestError(f"{where}.intf: no switch port {intf!r} in this fabric")
-            rest = {k: v for k, v in item.items() if k != "intf"}
-            if rest.get("off") is True and len(rest) == 1:
-                marking = None
-            else:
-                try:
-                    marking = ecn_mod.parse_marking(rest, where)
-                except ValueError as exc:
-                    raise RequestError(str(exc)) from None
-            todo.append((self.queues[intf], marking))
-        with self._lock:
-            if self._marker is None:
-                self._marker = ecn_mod.make_marker(self.cfg.ecn_mechanism,
-                                                   Path(self.cfg.build_dir))
-            marker = self._marker
-        for q, marking in todo:
-            try:
-                marker.set(ecn_mod.PortQueue(q.intf, q.rate_bps, q.limit_bytes), marking)
-            except ValueError as exc:
-                return {"ok": False, "error": f"ecn: {exc}"}
-            self._markings[q.intf] = None if marking is None else marking.__dict__
-            LOG.info("ecn %s on %s: %s", marker.mechanism, q.intf, marking or "off")
-        return {"ok": True, "mechanism": marker.mechanism, "marking": dict(self._markings)}
-
-    def ecn_stats(self) -> dict[str, Any]:
-        """The marker's own counters per port (CE marked, ECT seen, ...)."""
-        counters = self._marker.counters() if self._marker is not None else {}
-        return {"ok": True, "mechanism": self.cfg.ecn_mechanism, "ports": counters,
-                "marking": dict(self._markings)}

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from lab.model.errors import LabError
 
@@ -101,8 +102,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_policy_check(args: argparse.Namespace) -> int:
-    from lab.analysis import offline
-    return offline.main_check(args)
+    from lab.analysis import policycheck
+    return policycheck.main_check(args)
 
 
 def _cmd_clean(_args: argparse.Namespace) -> int:
@@ -252,11 +253,26 @@ def _cmd_vm(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``fabriclab``'s commands, each parser built by its own function below."""
     p = argparse.ArgumentParser(prog="fabriclab", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-
     sub.add_parser("list", help="list scenarios").set_defaults(func=_cmd_list)
+    _run_parser(sub)
+    _regress_parser(sub)
+    _report_parsers(sub)
+    _topo_parser(sub)
+    _vm_parser(sub)
+    d = sub.add_parser("doctor", help="what this kernel offers and what the lab will use")
+    d.add_argument("--json", action="store_true")
+    d.add_argument("--controller", choices=("os-ken", "ryu"))
+    d.set_defaults(func=_cmd_doctor)
+    return p
 
+
+Subparsers = Any
+
+
+def _run_parser(sub: Subparsers) -> None:
     r = sub.add_parser("run", help="run a scenario")
     r.add_argument("scenario")
     r.add_argument("--policy", help="hash policy (or 'all'); default from the scenario")
@@ -268,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--controller", choices=("os-ken", "ryu"), help="controller runtime")
     r.set_defaults(func=_cmd_run)
 
+
+def _regress_parser(sub: Subparsers) -> None:
     rg = sub.add_parser("regress", help="run scenarios over seeds per policy and compare "
                                         "with a baseline (exit 1 on a regression)")
     rg.add_argument("--policy", action="append", help="policy name (repeatable)")
@@ -288,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
     rg.add_argument("--out", help="results directory (default results/regress-<time>/)")
     rg.set_defaults(func=_cmd_regress)
 
+
+def _report_parsers(sub: Subparsers) -> None:
+    """The commands that read results or policies rather than run anything."""
     rp = sub.add_parser("report", help="(re)generate report.html and plots of a run directory")
     rp.add_argument("dir")
     rp.set_defaults(func=_cmd_report)
@@ -308,10 +329,17 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--seed", type=int, default=1)
     pc.add_argument("--json", action="store_true")
     pc.set_defaults(func=_cmd_policy_check)
+    g = sub.add_parser("diagnose", help="per-flow view of a run: links crossed, where bytes "
+                                        "were lost, the congested link")
+    g.add_argument("result", help="a run directory or its result.json")
+    g.add_argument("--phase", help="a phase of a phased run (default: its incident)")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=_cmd_diagnose)
 
+
+def _topo_parser(sub: Subparsers) -> None:
     c = sub.add_parser("clean", help="remove what killed runs left behind (by record)")
     c.set_defaults(func=_cmd_clean)
-
     t = sub.add_parser("topo", help="bring up a fabric (with --cli: Mininet's CLI on it; "
                                    "with --workers N: only plan its split over N machines)")
     t.add_argument("type", choices=("leafspine", "fattree"))
@@ -331,13 +359,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the links that become tunnels and their bandwidth")
     t.set_defaults(func=_cmd_topo)
 
-    g = sub.add_parser("diagnose", help="per-flow view of a run: links crossed, where bytes "
-                                        "were lost, the congested link")
-    g.add_argument("result", help="a run directory or its result.json")
-    g.add_argument("--phase", help="a phase of a phased run (default: its incident)")
-    g.add_argument("--json", action="store_true")
-    g.set_defaults(func=_cmd_diagnose)
 
+def _vm_parser(sub: Subparsers) -> None:
     v = sub.add_parser("vm", help="a full-kernel Debian 12 VM on this machine (QEMU): OVS "
                                   "kernel datapath, netem, RED, DCTCP")
     vsub = v.add_subparsers(dest="vm_command", required=True)
@@ -360,12 +383,6 @@ def build_parser() -> argparse.ArgumentParser:
     vs = vsub.add_parser("shell", help="a root shell on the VM's console (for a class)")
     vs.add_argument("--out", help="a folder on this machine the guest sees as /mnt/out")
     v.set_defaults(func=_cmd_vm)
-
-    d = sub.add_parser("doctor", help="what this kernel offers and what the lab will use")
-    d.add_argument("--json", action="store_true")
-    d.add_argument("--controller", choices=("os-ken", "ryu"))
-    d.set_defaults(func=_cmd_doctor)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

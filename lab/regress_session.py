@@ -36,7 +36,7 @@ class Request:
 
 
 @dataclass
-class Plan:
+class RegressPlan:
     """A request resolved against its baseline: every input checked, nothing started."""
 
     policies: list[str]
@@ -47,7 +47,7 @@ class Plan:
     out: Path
 
 
-def resolve(req: Request) -> Plan:
+def resolve(req: Request) -> RegressPlan:
     """Fill the request's gaps from the baseline (scenarios, seeds, sets) and validate."""
     if req.update_baseline:
         if req.baseline is None:
@@ -81,7 +81,7 @@ def resolve(req: Request) -> Plan:
     for name, (sets, duration) in per_scenario.items():
         regress.validate_inputs([name], req.policies, sets, duration)
     out = req.out or Path("results") / f"regress-{time.strftime('%Y%m%d-%H%M%S')}"
-    return Plan(req.policies, scenarios, seeds, per_scenario, baseline, out)
+    return RegressPlan(req.policies, scenarios, seeds, per_scenario, baseline, out)
 
 
 def execute(req: Request, say: Callable[[str], None] = print) -> int:

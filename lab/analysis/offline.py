@@ -17,10 +17,8 @@ reports say so (``model_only``).
 
 from __future__ import annotations
 
-import argparse
 import copy
 import functools
-import json
 import math
 import random
 import time
@@ -29,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from controllers import policies, routing
+from controllers import routing
 from controllers.policies.base import FlowKey, HashPolicy
 from lab.analysis.bins import expected_max_load, imbalance, prob_max_at_most, prob_unbalanced
 from lab.model.flows import BASE_DPORT
@@ -250,6 +248,39 @@ class BucketReport:
         return out
 
 
+def _bucket_sets(ports: Sequence[int], n_flows: int,
+                 flows_per_set: int) -> tuple[tuple[int, ...], int]:
+    """The candidate ports in order, and how many whole sets the flows make; bad
+    arguments are a ValueError naming what is wrong."""
+    cand = tuple(sorted(ports))
+    if not cand:
+        raise ValueError("no candidate ports to evaluate")
+    if len(set(cand)) != len(cand):
+        raise ValueError(f"candidate ports repeat: {list(cand)}")
+    if flows_per_set < 1:
+        raise ValueError(f"flows_per_set must be >= 1, got {flows_per_set}")
+    sets = n_flows // flows_per_set
+    if sets == 0:
+        raise ValueError(f"{n_flows} flows make no set of {flows_per_set}")
+    return cand, sets
+
+
+def _bucket_notes(template: HashPolicy, exact: bool, left_out: int) -> list[str]:
+    """What a reader of a bucket report must know to read it right."""
+    notes = []
+    if template.granularity == "switch":
+        notes.append("model only: the switch hashes by itself; this is the policy's model of "
+                     "that hash, so measure the fabric's real choices from its counters")
+    if template.granularity == "pair":
+        notes.append("decided per host pair: every flow of a pair takes one port")
+    if not exact:
+        notes.append("random-hash figures simulated (the exact ones are too costly at this "
+                     "size)")
+    if left_out:
+        notes.append(f"{left_out} flows beyond the last full set were left out")
+    return notes
+
+
 def bucket_eval(policy: PolicyArg, flows: Sequence[FlowKey], switch: str,
                 ports: Sequence[int], flows_per_set: int, *, seed: int = 0,
                 rate_bps: float | Sequence[float] = ELEPHANT_BPS) -> BucketReport:
@@ -261,17 +292,8 @@ def bucket_eval(policy: PolicyArg, flows: Sequence[FlowKey], switch: str,
     the flow's ``rate_bps``) starts each experiment empty-handed. Flows beyond the last full
     set are left out (``flows_used`` says how many counted).
     """
-    cand = tuple(sorted(ports))
+    cand, sets = _bucket_sets(ports, len(flows), flows_per_set)
     s = len(cand)
-    if s == 0:
-        raise ValueError("no candidate ports to evaluate")
-    if len(set(cand)) != s:
-        raise ValueError(f"candidate ports repeat: {list(cand)}")
-    if flows_per_set < 1:
-        raise ValueError(f"flows_per_set must be >= 1, got {flows_per_set}")
-    sets = len(flows) // flows_per_set
-    if sets == 0:
-        raise ValueError(f"{len(flows)} flows make no set of {flows_per_set}")
     used = sets * flows_per_set
     rates = _rates(rate_bps, len(flows))
     index = {p: i for i, p in enumerate(cand)}
@@ -313,17 +335,7 @@ def bucket_eval(policy: PolicyArg, flows: Sequence[FlowKey], switch: str,
     worse = (collision > p_unbal + 3 * math.sqrt(p_unbal * (1 - p_unbal) / sets) + 1 / sets
              or mean_max > e_max + 3 * sd_max / math.sqrt(sets) + 1e-9
              or chi2_p < 1e-3)
-    notes = []
-    if template.granularity == "switch":
-        notes.append("model only: the switch hashes by itself; this is the policy's model of "
-                     "that hash, so measure the fabric's real choices from its counters")
-    if template.granularity == "pair":
-        notes.append("decided per host pair: every flow of a pair takes one port")
-    if not expect_bib.exact:
-        notes.append("random-hash figures simulated (the exact ones are too costly at this "
-                     "size)")
-    if used < len(flows):
-        notes.append(f"{len(flows) - used} flows beyond the last full set were left out")
+    notes = _bucket_notes(template, expect_bib.exact, len(flows) - used)
     return BucketReport(
         policy=template.name, granularity=template.granularity,
         model_only=template.granularity == "switch", switch=switch, ports=list(cand),
@@ -408,6 +420,53 @@ def _controller_view(topo_desc: Mapping[str, Any]) -> Mapping[str, Any]:
     return controller_config(dict(topo_desc), policy="", seed=0)
 
 
+def _first_two_choices(flow: FlowKey, sw: str, dst: Mapping[str, Any],
+                       routes: Mapping[str, Mapping[str, Sequence[int]]],
+                       peer: Mapping[str, Mapping[int, str]], inst: HashPolicy,
+                       rate: float) -> list[tuple[str, tuple[int, ...], int]]:
+    """Walk ``flow`` from switch ``sw`` toward ``dst`` as the controller routes it: the
+    first two multi-way choices on its way, each (switch, candidates, port taken)."""
+    decide, placed = _decider(inst), _placer(inst)
+    choices: list[tuple[str, tuple[int, ...], int]] = []
+    for _ in range(len(routes) + 1):
+        if sw == dst["switch"] or len(choices) == 2:
+            break
+        cand = tuple(routes[sw].get(dst["name"], ()))
+        if not cand:
+            break                                   # unreachable: dropped, by design
+        if len(cand) > 1:
+            port = decide(flow, sw, cand)
+            if port not in cand:
+                raise ValueError(f"policy {inst.name!r} chose port {port!r} at {sw}, not "
+                                 f"one of {list(cand)}")
+            choices.append((sw, cand, port))
+            if placed is not None:
+                placed(flow, sw, port, rate)
+        else:
+            port = cand[0]
+        sw = peer[sw][port]
+    return choices
+
+
+def _dependence(joint: Mapping[tuple[int, int], int], n: int
+                ) -> tuple[Counter[int], Counter[int], float, float, float, float]:
+    """How much the second choice depends on the first: the marginal counts, their
+    entropies, normalised mutual information and Cramer's V of the joint counts."""
+    fx: Counter[int] = Counter()
+    fy: Counter[int] = Counter()
+    for (x, y), c in joint.items():
+        fx[x] += c
+        fy[y] += c
+    hx, hy = _entropy(fx, n), _entropy(fy, n)
+    mi = sum(c / n * math.log(c * n / (fx[x] * fy[y])) for (x, y), c in joint.items())
+    nmi = max(0.0, mi / min(hx, hy)) if min(hx, hy) > 0 else 0.0
+    chi2 = sum((joint.get((x, y), 0) - fx[x] * fy[y] / n) ** 2 / (fx[x] * fy[y] / n)
+               for x in fx for y in fy)
+    k = min(len(fx), len(fy)) - 1
+    cramers_v = math.sqrt(chi2 / (n * k)) if k > 0 else 0.0
+    return fx, fy, hx, hy, nmi, cramers_v
+
+
 def polarisation_eval(policy: PolicyArg, flows: Sequence[FlowKey],
                       topo_desc: Mapping[str, Any], *, seed: int = 0,
                       rate_bps: float | Sequence[float] = ELEPHANT_BPS) -> PolarisationReport:
@@ -425,9 +484,7 @@ def polarisation_eval(policy: PolicyArg, flows: Sequence[FlowKey],
     host_of_ip = {h["ip"]: h for h in topo["hosts"]}
     roles = {s["name"]: s.get("role") for s in topo_desc.get("switches", [])}
     inst = _fresh(policy, seed)
-    decide, placed = _decider(inst), _placer(inst)
     rates = _rates(rate_bps, len(flows))
-    max_hops = len(routes) + 1
     joint: Counter[tuple[int, int]] = Counter()
     tiers: tuple[set[str], set[str]] = (set(), set())
     offered: set[tuple[str, int]] = set()
@@ -439,25 +496,7 @@ def polarisation_eval(policy: PolicyArg, flows: Sequence[FlowKey],
         if src is None or dst is None:
             skipped_unknown += 1
             continue
-        sw, home, target = src["switch"], dst["switch"], dst["name"]
-        choices: list[tuple[str, tuple[int, ...], int]] = []
-        for _ in range(max_hops):
-            if sw == home or len(choices) == 2:
-                break
-            cand = tuple(routes[sw].get(target, ()))
-            if not cand:
-                break                                   # unreachable: dropped, by design
-            if len(cand) > 1:
-                port = decide(flow, sw, cand)
-                if port not in cand:
-                    raise ValueError(f"policy {inst.name!r} chose port {port!r} at {sw}, not "
-                                     f"one of {list(cand)}")
-                choices.append((sw, cand, port))
-                if placed is not None:
-                    placed(flow, sw, port, rates[j])
-            else:
-                port = cand[0]
-            sw = peer[sw][port]
+        choices = _first_two_choices(flow, src["switch"], dst, routes, peer, inst, rates[j])
         if len(choices) < 2:
             continue
         (sw1, c1, p1), (sw2, c2, p2) = choices
@@ -472,18 +511,7 @@ def polarisation_eval(policy: PolicyArg, flows: Sequence[FlowKey],
         raise ValueError("no flow meets two multi-way choices on its path: polarisation needs "
                          "two tiers of equal-cost choices (a fat-tree's edge and aggregation "
                          "switches, with flows between pods), which a leaf-spine does not have")
-    fx: Counter[int] = Counter()
-    fy: Counter[int] = Counter()
-    for (x, y), c in joint.items():
-        fx[x] += c
-        fy[y] += c
-    hx, hy = _entropy(fx, n), _entropy(fy, n)
-    mi = sum(c / n * math.log(c * n / (fx[x] * fy[y])) for (x, y), c in joint.items())
-    nmi = max(0.0, mi / min(hx, hy)) if min(hx, hy) > 0 else 0.0
-    chi2 = sum((joint.get((x, y), 0) - fx[x] * fy[y] / n) ** 2 / (fx[x] * fy[y] / n)
-               for x in fx for y in fy)
-    k = min(len(fx), len(fy)) - 1
-    cramers_v = math.sqrt(chi2 / (n * k)) if k > 0 else 0.0
+    fx, _fy, hx, hy, nmi, cramers_v = _dependence(joint, n)
     conditional = {x: {y: joint[x, y] / fx[x] for y in range(s2) if joint.get((x, y))}
                    for x in sorted(fx)}
     used = {x: len(row) / s2 for x, row in conditional.items()}
@@ -541,96 +569,3 @@ def throughput(policy: PolicyArg, n: int = 200_000, *, seed: int = 0,
     return n / elapsed if elapsed > 0 else float("inf")
 
 
-# -- text -------------------------------------------------------------------------------------
-
-def _table(rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                      for i, (c, w) in enumerate(zip(r, widths, strict=True))).rstrip()
-            for r in rows]
-
-
-def render(report: BucketReport | PolarisationReport) -> str:
-    """A short text table: each measured figure beside what a random hash would give."""
-    model = " [model only: the switch hashes by itself]" if report.model_only else ""
-    if isinstance(report, BucketReport):
-        r = report
-        ports = (str(r.ports) if len(r.ports) <= 8
-                 else f"[{r.ports[0]}, {r.ports[1]}, ..., {r.ports[-1]}]")
-        head = (f"{r.policy} ({r.granularity}){model} at {r.switch}: {r.sets} sets of "
-                f"{r.flows_per_set} flows on {len(r.ports)} ports {ports}")
-        rows = [["", "measured", "random hash"],
-                ["max flows on a port (mean)", f"{r.max_load_mean:.3f}",
-                 f"{r.max_load_expected:.3f}"],
-                ["max flows on a port (p95)", f"{r.max_load_p95:g}",
-                 f"{r.max_load_p95_expected:g}"],
-                ["imbalance max/mean (mean)", f"{r.imbalance_mean:.3f}",
-                 f"{r.imbalance_expected:.3f}"],
-                ["imbalance max/mean (p95)", f"{r.imbalance_p95:.3f}",
-                 f"{r.imbalance_p95_expected:.3f}"],
-                [f"P(a port > {r.fair_share} flows)", f"{r.collision_prob:.3f}",
-                 f"{r.collision_expected:.3f}"]]
-        share = (", ".join(f"{p}: {v:.3f}" for p, v in r.share.items()) if len(r.share) <= 8
-                 else f"{min(r.share.values()):.4f}..{max(r.share.values()):.4f}")
-        tail = [f"share per port {share} (max {r.share_max_dev:.1%} off uniform; "
-                f"chi2 {r.chi2:.1f}, {r.chi2_dof} dof, p={r.chi2_p:.3g})",
-                "verdict: " + ("WORSE than a random hash" if r.worse_than_random
-                               else "no worse than a random hash")]
-        return "\n".join([head, *_table(rows), *tail, *r.notes])
-    p = report
-    head = (f"{p.policy} ({p.granularity}){model}: {p.flows_evaluated} of {p.flows} flows "
-            f"choose at {'/'.join(p.first_tier)} then at {'/'.join(p.second_tier)}")
-    rows = [["first bucket", *(f"-> {y}" for y in range(p.second_buckets)), "used"]]
-    for x, row in p.conditional.items():
-        rows.append([str(x), *(f"{row.get(y, 0.0):.3f}" for y in range(p.second_buckets)),
-                     f"{p.second_used_per_first[x]:.2f}"])
-    tail = [f"NMI {p.nmi:.4f}, Cramer's V {p.cramers_v:.3f}, determined {p.determined:.3f} "
-            f"(independent: 0, 0, {1 / max(1, p.second_buckets):.2f})",
-            f"second-tier links used {p.second_links_used}/{p.second_links_total}"
-            + (f" (idle: {', '.join(p.second_links_unused)})" if p.second_links_unused else ""),
-            "verdict: " + ("POLARISED: the first choice decides the second" if p.polarised
-                           else "tiers choose independently")]
-    return "\n".join([head, *_table(rows), *tail, *p.notes])
-
-
-# -- the CLI's policy-check -------------------------------------------------------------------
-
-#: Flows routed through the fat-tree for the polarisation part of ``policy-check``: ~4/5 of
-#: them cross the core, which puts the NMI's sampling noise near 1e-4.
-CHECK_POLARISATION_FLOWS = 8000
-
-
-def main_check(args: argparse.Namespace) -> int:
-    """``fabriclab policy-check``: buckets and collisions at one switch with ``--ports``
-    equal-cost ports, ``--sets`` sets of ``--flows`` elephants, then polarisation on a k=4
-    fat-tree; text (``render``) or ``--json``. Flows run between the fat-tree's 16 hosts so
-    that both parts see the same kind of traffic. Bad arguments are one line naming the
-    option, like every other command's.
-    """
-    from lab.model.checks import check_int
-    from lab.model.policies import policy_names
-    from lab.net.topologies import FatTree, describe
-    flows_per_set = check_int("flows", args.flows, 1, 1024)
-    nports = check_int("ports", args.ports, 1, 64)
-    sets = check_int("sets", args.sets, 1, max(1, 4_000_000 // flows_per_set))
-    seed = check_int("seed", args.seed, 0, 2**32 - 1)
-    specs = policy_names(args.policy)
-    fat = describe(FatTree(k=4))
-    ips = [h["ip"] for h in fat["hosts"]]
-    rng = random.Random(seed)
-    flows = synthetic_flows(flows_per_set * sets, rng, ips, ips)
-    tier_flows = synthetic_flows(CHECK_POLARISATION_FLOWS, rng, ips, ips)
-    ports = list(range(1, nports + 1))
-    out = []
-    for spec in specs:
-        cls = policies.resolve(spec)
-        buckets = bucket_eval(cls, flows, "leaf1", ports, flows_per_set, seed=seed)
-        tiers = polarisation_eval(cls, tier_flows, fat, seed=seed)
-        out.append((buckets, tiers))
-    if args.json:
-        print(json.dumps([{"policy": b.policy, "model_only": b.model_only,
-                           "buckets": b.as_dict(), "polarisation": t.as_dict()}
-                          for b, t in out], indent=1))
-    else:
-        print("\n\n".join(f"{render(b)}\n\n{render(t)}" for b, t in out))
-    return 0

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controllers.ecn import htb_burst_bytes
+from controllers.marking import htb_burst_bytes
 from lab import agents
 from lab.analysis import diagnose
 from lab.machine import programs

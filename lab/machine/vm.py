@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.machine import environment, state
+from lab.machine import environment, qemu, state
 from lab.model.errors import MachineError
 
 REPO = environment.REPO_ROOT
@@ -83,61 +83,6 @@ class VmBootError(MachineError):
         super().__init__("vm", message + ("" if console_tail else
                                           "; its console printed nothing"))
         self.console_tail = console_tail
-
-
-# --- what the machine has -------------------------------------------------------------------
-
-def require_tools(build: bool) -> None:
-    """One line naming what is missing, before anything is created."""
-    need = {"qemu-system-x86_64": "qemu-system-x86", "qemu-img": "qemu-utils"}
-    if build:
-        need.update({"mmdebstrap": "mmdebstrap", "mkfs.ext4": "e2fsprogs"})
-    missing = sorted({pkg for tool, pkg in need.items() if not shutil.which(tool)})
-    if missing:
-        raise MachineError("vm", f"{', '.join(t for t in need if not shutil.which(t))} not "
-                           f"found (apt-get install {' '.join(missing)})")
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    m = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
-    return set(m.group(1).split()) if m else set()
-
-
-def accelerator(kernel: Path | None = None) -> str:
-    """``kvm`` where it works, else ``tcg``.
-
-    ``/dev/kvm`` alone proves nothing: without hardware virtualisation (no ``vmx``/``svm``,
-    as in a VM without nesting) QEMU opens it and then hangs. Where the flags are there, a
-    short probe boots the kernel with no root disk under KVM: it must panic and exit with
-    ``-no-reboot`` within a few seconds. ``FABRICLAB_VM_ACCEL`` forces a choice.
-    """
-    forced = os.environ.get("FABRICLAB_VM_ACCEL")
-    if forced in ("kvm", "tcg"):
-        return forced
-    if not os.access("/dev/kvm", os.R_OK | os.W_OK) or not cpu_flags() & {"vmx", "svm"}:
-        return "tcg"
-    if kernel is None:
-        return "tcg"
-    cmd = ["qemu-system-x86_64", "-accel", "kvm", "-m", "256", "-kernel", str(kernel),
-           "-append", "console=ttyS0 panic=-1", "-no-reboot", "-display", "none",
-           "-serial", "none", "-nic", "none"]
-    try:
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=20,
-                       check=False)
-    except subprocess.TimeoutExpired:
-        return "tcg"
-    return "kvm"
-
-
-def qemu_version() -> str:
-    out = subprocess.run(["qemu-system-x86_64", "--version"], capture_output=True, text=True,
-                         check=False)
-    m = re.search(r"version (\S+)", out.stdout)
-    return m.group(1) if m else "unknown"
 
 
 # --- the image -------------------------------------------------------------------------------
@@ -310,7 +255,7 @@ def _dir_bytes(path: Path) -> int:
 
 def build(progress: Progress = print, force: bool = False) -> Image:
     """The provisioned image for this checkout: from the cache, or built now."""
-    require_tools(build=True)
+    qemu.require_tools(build=True)
     state.require_root("fabriclab vm", "it builds images and records its processes")
     key = image_key()
     final = CACHE_DIR / key
@@ -434,7 +379,7 @@ class Boot:
     def facts(self) -> dict[str, object]:
         """What a result made in this guest records as ``environment.vm``."""
         return {"accelerator": self.accel, "vcpus": VCPUS, "memory_mb": MEMORY_MB,
-                "qemu": qemu_version(), "image": self.image.path.name}
+                "qemu": qemu.qemu_version(), "image": self.image.path.name}
 
     def prepare(self, job: str, env: dict[str, str]) -> None:
         self.record.paths.append(str(self.dir))
@@ -443,7 +388,7 @@ class Boot:
         self.share.mkdir(parents=True)
         checkout_tar(self.share / "checkout.tar")
         (self.share / "job.sh").write_text("set -e\n" + job + "\n")
-        self.accel = accelerator(self.image.kernel)
+        self.accel = qemu.accelerator(self.image.kernel)
         env = {**GUEST_PIP_ENV, environment.VM_ENV: json.dumps(self.facts()), **env}
         (self.share / "env").write_text("".join(f"{k}={shlex.quote(v)}\n"
                                                 for k, v in env.items()))
@@ -583,7 +528,7 @@ _SETUP = ("bash lab/setup.sh > /tmp/fabriclab-setup.log 2>&1 || "
 def execute(job: str, out_dir: Path | None, progress: Progress = print,
             sink: Callable[[str], None] | None = None) -> int:
     """Build or reuse the image, boot it, run ``job`` after set-up; the job's exit status."""
-    require_tools(build=False)
+    qemu.require_tools(build=False)
     image = build(progress)
     with recorded("run") as record:
         if out_dir is not None:
@@ -594,7 +539,7 @@ def execute(job: str, out_dir: Path | None, progress: Progress = print,
 
 def shell(out_dir: Path) -> int:
     """An interactive root shell on the guest's serial console (for a class)."""
-    require_tools(build=False)
+    qemu.require_tools(build=False)
     image = build()
     with recorded("shell") as record:
         out_dir.mkdir(parents=True, exist_ok=True)

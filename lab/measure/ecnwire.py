@@ -219,7 +219,7 @@ def _add(c: list[int], ip_len: int, cp: int, proto: int, flags: int) -> None:
 
 
 @dataclass(frozen=True)
-class FlowSpec:
+class WireFlow:
     """A flow as the lab names it; None fields match anything (an ephemeral client port)."""
 
     key: str
@@ -257,7 +257,7 @@ def flow_key(flow: dict[str, Any]) -> str:
             f"{show(flow.get('dst_ip'))}:{show(flow.get('dport'))}/{show(flow.get('proto'))}")
 
 
-def _parse_flow(flow: dict[str, Any]) -> FlowSpec:
+def _parse_flow(flow: dict[str, Any]) -> WireFlow:
     import socket
 
     def addr(v: str | None) -> bytes | None:
@@ -269,7 +269,7 @@ def _parse_flow(flow: dict[str, Any]) -> FlowSpec:
             raise ValueError(f"flow {flow_key(flow)}: unknown proto {proto!r}")
         proto = PROTO_NUMBERS[proto.lower()]
     sport, dport = flow.get("sport"), flow.get("dport")
-    return FlowSpec(flow_key(flow), addr(flow.get("src_ip")), addr(flow.get("dst_ip")), proto,
+    return WireFlow(flow_key(flow), addr(flow.get("src_ip")), addr(flow.get("dst_ip")), proto,
                     None if sport is None else int(sport), None if dport is None else int(dport))
 
 

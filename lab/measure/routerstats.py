@@ -6,7 +6,7 @@ namespace's sysfs. Three sources, all cheap and all the kernel's:
 * ``/proc/<pid>/net/dev`` of any process in the router's namespace (its Mininet shell):
   bytes and packets per interface, read without a subprocess, so at 10 Hz;
 * the root qdiscs' drops and backlog over rtnetlink, through a socket opened inside the
-  router's namespace once and kept for the run (``lab.measure.telemetry.netlink``), read at the
+  router's namespace once and kept for the run (``lab.measure.netlink``), read at the
   edges of a phase - the numbers ``tc -s qdisc`` prints, without a process per read;
 * nftables sets in the router: one dynamic set per interface and direction whose elements
   are 5-tuples with a counter each. Every flow that leaves through an interface is counted
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab.measure.telemetry import close_netlink, qdisc_stats
+from lab.measure.netlink import close_netlink, qdisc_stats
 
 NFT_TABLE = "fabriclab"
 FlowKey = tuple[str, str, str, int, int]     # src, dst, proto, sport, dport

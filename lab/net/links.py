@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from mininet.link import Intf, Link, TCIntf
 
-from controllers.ecn import htb_burst_bytes
+from controllers.marking import htb_burst_bytes
 from lab.model.errors import TopologyError
 
 #: DRR quantum of the single htb class: explicit, or tc warns that rate/r2q is too big.

@@ -125,7 +125,7 @@ def test_the_byte_queue_drops_at_its_limit_under_a_root_netem(pair, udp, slack):
 def test_telemetry_reads_the_byte_queue_not_the_delay_line(pair):
     """What the lab reports as a port's queue is the bfifo's backlog: under overload it
     stays within the byte limit even though netem holds a delay line's worth in flight."""
-    from lab.measure.telemetry import qdisc_stats
+    from lab.measure.netlink import qdisc_stats
     q_bytes = 20_000
     a, b = pair(bw=20, queue_bytes=q_bytes, delay_ms=20.0)
     dev = a.defaultIntf().name

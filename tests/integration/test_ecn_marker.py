@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from controllers import ecn
-from controllers.ecn import htb_burst_bytes
+from controllers.marking import htb_burst_bytes
 from lab.machine.environment import qdisc_available
 
 RATE_MBIT = 50

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.measure import netlink as nl
 from lab.measure import telemetry
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
@@ -94,7 +95,7 @@ def node_pid() -> Iterator[int]:
         shaped_pair(proc.pid)
         yield proc.pid
     finally:
-        telemetry.close_netlink([proc.pid])
+        nl.close_netlink([proc.pid])
         proc.kill()
         proc.wait()
 
@@ -103,7 +104,7 @@ def agree(pid: int | None) -> tuple[dict[str, tuple[int, int]], list[dict]]:
     """A netlink read between two tc reads; retried if the queue moved in between."""
     for _ in range(5):
         before = tc_roots(pid)
-        mine = telemetry.qdisc_stats(pid)
+        mine = nl.qdisc_stats(pid)
         after = tc_roots(pid)
         if before == after:
             return mine, [before]
@@ -115,7 +116,7 @@ def test_qdisc_stats_equal_tc_with_real_drops(where: str, request: pytest.Fixtur
     pid = request.getfixturevalue("node_pid") if where == "namespace" else None
     if pid is None:
         request.getfixturevalue("root_pair")
-    assert telemetry.qdisc_stats(pid)[A] == (0, 0)
+    assert nl.qdisc_stats(pid)[A] == (0, 0)
     flood(pid)
     mine, tc = agree(pid)
     drops, backlog = mine[A]
@@ -124,7 +125,7 @@ def test_qdisc_stats_equal_tc_with_real_drops(where: str, request: pytest.Fixtur
     # Every root qdisc, not only ours: the same devices and numbers as tc prints.
     assert mine in tc, f"netlink {mine} vs tc {tc}"
     # The socket is kept: a second read uses the same one.
-    assert telemetry.netlink(pid) is telemetry.netlink(pid)
+    assert nl.netlink(pid) is nl.netlink(pid)
 
 
 def test_snapshot_equals_sysfs_and_tc(root_pair: None) -> None:
@@ -150,8 +151,8 @@ def test_closed_namespace_reads_nothing() -> None:
     proc = subprocess.Popen(["unshare", "-n", "sleep", "300"])
     time.sleep(0.2)
     pid = proc.pid
-    assert telemetry.qdisc_stats(pid) is not None
+    assert nl.qdisc_stats(pid) is not None
     proc.kill()
     proc.wait()
-    assert telemetry.qdisc_stats(pid) == {}
-    telemetry.close_netlink([pid])
+    assert nl.qdisc_stats(pid) == {}
+    nl.close_netlink([pid])

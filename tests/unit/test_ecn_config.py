@@ -10,7 +10,7 @@ import struct
 import pytest
 
 from controllers import ecn
-from controllers.ecn import Marking, PortQueue, htb_burst_bytes, parse_marking
+from controllers.marking import Marking, PortQueue, htb_burst_bytes, parse_marking
 
 PORT = PortQueue("leaf1-eth5", 50_000_000, 150_000)
 

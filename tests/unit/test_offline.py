@@ -17,7 +17,7 @@ import pytest
 from controllers import policies
 from controllers.policies import FlowKey, HashPolicy
 from controllers.policies.hash5_tier import tier_of
-from lab.analysis import offline
+from lab.analysis import offline, policycheck
 from lab.analysis.bins import expected_max_load, prob_unbalanced
 from lab.net.topologies import FatTree, LeafSpine, describe
 
@@ -144,7 +144,7 @@ def test_switch_granularity_is_reported_as_a_model() -> None:
     flows = offline.synthetic_flows(800, random.Random(1), IPS, IPS)
     r = offline.bucket_eval(policies.get("ovs-select"), flows, "leaf1", [3, 4], 8)
     assert r.model_only and r.as_dict()["model_only"] is True
-    assert "model only" in offline.render(r)
+    assert "model only" in policycheck.render(r)
     json.dumps(r.as_dict())
 
 
@@ -180,7 +180,7 @@ def test_hash5_polarises_the_fat_tree(fat_tree: dict[str, Any],
     assert r.second_used_mean == 0.5
     assert (r.second_links_used, r.second_links_total) == (8, 16)   # half the core links idle
     assert r.polarised
-    assert "POLARISED" in offline.render(r)
+    assert "POLARISED" in policycheck.render(r)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7])
@@ -236,7 +236,7 @@ def test_throughput_is_measured(name: str) -> None:
 
 def test_render_sets_each_figure_beside_a_random_hash() -> None:
     flows = offline.synthetic_flows(800, random.Random(1), IPS, IPS)
-    text = offline.render(offline.bucket_eval(policies.get("hash5"), flows, "leaf1", [3, 4], 8))
+    text = policycheck.render(offline.bucket_eval(policies.get("hash5"), flows, "leaf1", [3, 4], 8))
     assert "random hash" in text and "P(a port > 4 flows)" in text
     assert len(text.splitlines()) < 15
 

@@ -8,7 +8,7 @@ import tarfile
 
 import pytest
 
-from lab.machine import vm
+from lab.machine import qemu, vm
 
 REPO = vm.REPO
 
@@ -49,20 +49,20 @@ def test_image_key_changes_with_each_input(monkeypatch, tmp_path):
 
 def test_no_hardware_virtualisation_means_tcg_without_a_probe(monkeypatch):
     monkeypatch.delenv("FABRICLAB_VM_ACCEL", raising=False)
-    monkeypatch.setattr(vm, "cpu_flags", lambda: {"fpu", "sse2"})
+    monkeypatch.setattr(qemu, "cpu_flags", lambda: {"fpu", "sse2"})
     # The kernel path is never touched: no probe runs without vmx/svm.
-    assert vm.accelerator(REPO / "does-not-exist") == "tcg"
+    assert qemu.accelerator(REPO / "does-not-exist") == "tcg"
     monkeypatch.setenv("FABRICLAB_VM_ACCEL", "kvm")
-    assert vm.accelerator() == "kvm"
+    assert qemu.accelerator() == "kvm"
 
 
 def test_missing_tools_are_named_in_one_line(monkeypatch):
-    monkeypatch.setattr(vm.shutil, "which", lambda tool: None if tool == "mmdebstrap"
+    monkeypatch.setattr(qemu.shutil, "which", lambda tool: None if tool == "mmdebstrap"
                         else "/usr/bin/" + tool)
     with pytest.raises(vm.MachineError) as exc:
-        vm.require_tools(build=True)
+        qemu.require_tools(build=True)
     assert str(exc.value) == "vm: mmdebstrap not found (apt-get install mmdebstrap)"
-    vm.require_tools(build=False)          # booting needs no mmdebstrap
+    qemu.require_tools(build=False)          # booting needs no mmdebstrap
 
 
 def test_the_checkout_goes_in_without_venvs_or_results(tmp_path):

@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
 import random
-import shutil
 import signal
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab import agents
-from lab.analysis import diagnose
-from lab.kinds.base import bring_up
+from controllers.marking import dctcp_k_bytes
+from lab.kinds.collective import jobplan as kind
 from lab.kinds.collective import metrics as jm
-from lab.kinds.collective import plan as kind
-from lab.kinds.collective.plan import Conn
+from lab.kinds.collective.jobplan import Conn
+from lab.kinds.collective.programs import JobPrograms, load, wait
 from lab.machine import programs
 from lab.measure import ecnwire, telemetry
 from lab.measure.result import flow_entries
@@ -34,7 +32,6 @@ from lab.measure.window import Window
 from lab.model.errors import MachineError
 from lab.model.flowpaths import attachment
 from lab.model.flows import FlowSpec
-from lab.model.result import SCHEMA_VERSION
 
 #: Source ports come from below the kernel's ephemeral range, so a fixed ``bind`` never
 #: races a port the kernel handed to another socket.
@@ -51,7 +48,7 @@ RECEIVER_CC = ("dctcp",)
 RTT_PINGS = 10
 
 
-def _read_proc(path: str) -> str:
+def read_proc(path: str) -> str:
     try:
         return Path(path).read_text().strip()
     except OSError:
@@ -97,7 +94,37 @@ def _sum_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int
     return total
 
 
-class JobRun:
+@dataclass
+class Phase:
+    """A phase's settings on the fabric: placed workers, planned connections, paths pinned,
+    the marking and the DCTCP K rule it was given."""
+
+    pp: dict[str, Any]
+    work: Path
+    hosts: list[str]
+    conns: list[Conn]
+    sconns: list[Conn]
+    pinned: list[dict[str, Any]]
+    marking: dict[str, Any] | None
+    k_rule: dict[str, Any] | None
+
+
+@dataclass
+class Drive:
+    """What the job's run left to read: its window, when the job ended, ECN and TCP counters
+    at both ends, the receiver's capture and the micro-bursts (incast)."""
+
+    window: Window
+    t_job_end: float = 0.0
+    ecn0: dict[str, dict[str, int]] = field(default_factory=dict)
+    ecn1: dict[str, dict[str, int]] = field(default_factory=dict)
+    tcp0: dict[str, dict[str, int]] = field(default_factory=dict)
+    tcp1: dict[str, dict[str, int]] = field(default_factory=dict)
+    capture: Any = None
+    bursts: dict[str, Any] | None = None
+
+
+class JobRun(JobPrograms):
     """The running fabric plus what the job's phases need to know about it."""
 
     def __init__(self, plan_: Any, fabric: Any, progress: Any) -> None:
@@ -216,7 +243,6 @@ class JobRun:
         smallest of RTT_PINGS pings from each connection's sender to its receiver, the
         largest of those over the connections (K must hold for the longest path).
         """
-        from controllers.ecn import dctcp_k_bytes
         rates = {p.intf: p.bw_mbps * 1e6 for p in self.ports}
         rate = min(rates[i] for i in pp["ecn"]["ports"])
         rtts = self.base_rtt_ms(conns)
@@ -284,310 +310,174 @@ class JobRun:
         return self.request({"cmd": "ecn_stats"}).get("ports", {})
 
     # -- storage --------------------------------------------------------------------------------
-    def storage_classes(self, pp: dict[str, Any], hosts: list[str], on: bool) -> None:
-        """Storage traffic in a low-priority class of each GPU host's NIC, or back to one FIFO.
-
-        The NIC is the link a GPU's ring and its checkpoint share. Classes are applied
-        there (htb: the job's class borrows first; storage gets what is left, at least
-        5 %); the switches' ports stay single FIFOs (OVS's ``set_queue`` does not steer
-        packets in the userspace datapath).
-        """
-        for h in hosts:
-            node = self.host(h)
-            intf = node.defaultIntf()
-            dev = intf.name
-            rate = intf.params["bw"]
-            limit = intf.params["queue_bytes"]
-            burst = 70000
-            node.cmd(f"tc qdisc del dev {dev} root 2>/dev/null")
-            cmds = [f"tc qdisc add dev {dev} root handle 1: htb default " + ("11" if on else "1")]
-            if on:
-                cmds += [
-                    f"tc class add dev {dev} parent 1: classid 1:1 htb rate {rate}mbit "
-                    f"ceil {rate}mbit burst {burst} cburst {burst} quantum 100000",
-                    f"tc class add dev {dev} parent 1:1 classid 1:11 htb rate {rate * 0.95}mbit"
-                    f" ceil {rate}mbit burst {burst} cburst {burst} prio 0 quantum 100000",
-                    f"tc class add dev {dev} parent 1:1 classid 1:12 htb rate {rate * 0.05}mbit"
-                    f" ceil {rate}mbit burst {burst} cburst {burst} prio 1 quantum 100000",
-                    f"tc qdisc add dev {dev} parent 1:11 handle 11: bfifo limit {limit}",
-                    f"tc qdisc add dev {dev} parent 1:12 handle 12: bfifo limit {limit}",
-                    f"tc filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dport "
-                    f"{kind.STORAGE_PORT} 0xffff flowid 1:12",
-                ]
-            else:
-                cmds += [
-                    f"tc class add dev {dev} parent 1: classid 1:1 htb rate {rate}mbit "
-                    f"ceil {rate}mbit burst {burst} cburst {burst} quantum 100000",
-                    f"tc qdisc add dev {dev} parent 1:1 handle 10: bfifo limit {limit}",
-                ]
-            for cmd in cmds:
-                out = node.cmd(f"{cmd} 2>&1; echo __rc=$?")
-                text, _, rc = out.rpartition("__rc=")
-                if rc.strip() != "0":
-                    raise MachineError("storage", f"{h}: `{cmd}` failed: {text.strip()}")
-
-    def start_storage(self, pp: dict[str, Any], conns: list[Conn], work: Path,
-                      duration_s: float
-                      ) -> tuple[list[subprocess.Popen], list[subprocess.Popen], list[Path]]:
-        """Storage servers, then one client per GPU, connected and held until
-        :func:`lab.machine.programs.go`; returns the servers, the clients and their ready files."""
-        st = pp["storage"]
-        procs = []
-        for srv in st["hosts"]:
-            procs.append(self.spawn(srv, [*agents.command("storage"), "serve",
-                                          "--listen", f"{self.ips[srv]}:{kind.STORAGE_PORT}",
-                                          "--out", str(work / f"storage-{srv}.json")],
-                                    work / f"storage-{srv}.log", f"storage server {srv}"))
-        for srv in st["hosts"]:
-            self.wait_listening(srv, kind.STORAGE_PORT)
-        by_rank: dict[int, dict[str, Conn]] = {}
-        for c in conns:
-            by_rank.setdefault(c.rank, {})[c.spec.kind] = c
-        clients = []
-        for r, cs in sorted(by_rank.items()):
-            read, ckpt = cs["storage-read"], cs["storage-checkpoint"]
-            client = ckpt.spec.src
-            clients.append(self.spawn(client, [
-                *agents.command("storage"), "client",
-                "--server", f"{ckpt.spec.dst_ip}:{kind.STORAGE_PORT}",
-                "--bind", self.ips[client], "--read-sport", str(read.spec.dport),
-                "--write-sport", str(ckpt.spec.sport), "--read-bps", str(st["read_mbps"] * 1e6),
-                "--checkpoint-bytes", str(st["checkpoint_bytes"]),
-                "--every-s", str(st["every_s"]), "--first-at-s", str(st["first_at_s"]),
-                "--duration-s", str(duration_s), "--out", str(work / f"client{r}.json"),
-                "--ready-file", str(work / f"client{r}.ready")],
-                work / f"client{r}.log", f"storage client {r}"))
-        return procs, clients, [work / f"client{r}.ready" for r in sorted(by_rank)]
-
-    def wait_listening(self, host: str, port: int, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if f":{port}" in self.host(host).cmd(f"ss -Hltn 'sport = :{port}'"):
-                return
-            time.sleep(0.02)
-        raise MachineError("traffic", f"nothing listens on {host}:{port} after {timeout_s:g} s")
-
-    # -- the job --------------------------------------------------------------------------------
-    def start_ring(self, pp: dict[str, Any], hosts: list[str], conns: list[Conn],
-                   work: Path) -> list[subprocess.Popen]:
-        job = pp["job"]
-        n = len(hosts)
-        procs = []
-        for r, h in enumerate(hosts):
-            sports = [c.spec.sport for c in sorted(conns, key=lambda c: c.epoch)
-                      if c.rank == r]
-            nxt = hosts[(r + 1) % n]
-            argv = [*agents.command("worker"), "ring", "--rank", str(r),
-                    "--world", str(n), "--listen", f"{self.ips[h]}:{kind.RING_PORT + r}",
-                    "--next", f"{self.ips[nxt]}:{kind.RING_PORT + (r + 1) % n}",
-                    "--bind", self.ips[h], "--sports", ",".join(map(str, sports)),
-                    "--size", str(job["size_bytes"]), "--steps", str(job["steps"]),
-                    "--warmup", str(job["warmup"]), "--compute-s", str(job["compute_s"]),
-                    "--jitter-s", str(job["jitter_s"]), "--seed", str(self.plan.params["seed"]),
-                    "--straggler-rank", str(job["straggler_rank"]),
-                    "--straggler-s", str(job["straggler_s"]), "--buckets", str(job["buckets"]),
-                    "--epoch-steps", str(job["epoch_steps"]), "--cc", job["cc"],
-                    "--connect-timeout-s", "20", "--out", str(work / f"rank{r}.json")]
-            procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"ring rank {r}"))
-        return procs
-
-    def start_incast(self, pp: dict[str, Any], conns: list[Conn],
-                     work: Path) -> list[subprocess.Popen]:
-        job = pp["job"]
-        rx = conns[0].spec.dst
-        burst = job["size_bytes"] // len(conns)
-        procs = [self.spawn(rx, [*agents.command("worker"), "incast-sink",
-                                 "--listen", f"{self.ips[rx]}:{kind.SINK_PORT}",
-                                 "--senders", str(len(conns)), "--burst", str(burst),
-                                 "--steps", str(job["steps"]), "--gap-s", str(job["compute_s"]),
-                                 "--out", str(work / "sink.json")],
-                            work / "sink.log", "incast sink")]
-        self.wait_listening(rx, kind.SINK_PORT)
-        for c in conns:
-            f = c.spec
-            procs.append(self.spawn(f.src, [*agents.command("worker"), "incast-send", "--connect",
-                                            f"{f.dst_ip}:{kind.SINK_PORT}", "--bind", f.src_ip,
-                                            "--sport", str(f.sport), "--cc", job["cc"],
-                                            "--out", str(work / f"{f.id}.json")],
-                                    work / f"{f.id}.log", f"incast sender {f.id}"))
-        return procs
-
-    def microbursts(self, pp: dict[str, Any], hosts: list[str], rx: str,
-                    work: Path) -> dict[str, Any]:
-        """Fixed-shape UDP bursts (scapy-crafted, ECT(0)) from a few senders into the
-        receiver's port at once: where in a burst CE marks and drops begin."""
-        mb = pp["microburst"]
-        senders = [h for h in hosts if h != rx][:mb["senders"]]
-        expect = len(senders) * mb["count"] * mb["bursts"]
-        recv = self.spawn(rx, [*agents.command("microburst"), "--recv",
-                               "--bind", self.ips[rx], "--port", str(kind.BURST_PORT),
-                               "--expect", str(expect), "--timeout-s", "6",
-                               "--out", str(work / "burst-recv.json")],
-                          work / "burst-recv.log", "micro-burst receiver")
-        time.sleep(0.3)
-        procs = []
-        # Far enough ahead for every sender to import scapy and build its frames.
-        start_at = time.monotonic() + 1.5
-        for i, h in enumerate(senders):
-            node = self.host(h)
-            procs.append(self.spawn(h, [
-                *agents.command("microburst"), "--iface", node.defaultIntf().name,
-                "--src-mac", self.macs[h], "--dst-mac", self.macs[rx], "--src-ip", self.ips[h],
-                "--dst-ip", self.ips[rx], "--sport", str(kind.BURST_PORT + 1 + i),
-                "--dport", str(kind.BURST_PORT), "--count", str(mb["count"]),
-                "--size", str(mb["size"]), "--ecn", "ect0", "--bursts", str(mb["bursts"]),
-                "--gap-s", "0.5", "--start-at", f"{start_at:.6f}",
-                "--out", str(work / f"burst-{h}.json")],
-                work / f"burst-{h}.log", f"micro-burst sender {h}"))
-        for p in procs:
-            _wait(p, 30)
-        _wait(recv, 15)
-        out = {"senders": senders, "recv": _load(work / "burst-recv.json"),
-               "sent": {h: _load(work / f"burst-{h}.json") for h in senders}}
-        return out
-
     def run_phase(self, name: str, pp: dict[str, Any]) -> dict[str, Any]:
-        job = pp["job"]
+        """One phase: its network settings, the job (and storage) on the fabric inside one
+        measurement window, then its links, flows and metrics."""
+        ph = self.configure(name, pp)
+        if ph.pp["storage"]["mode"] == "classes":
+            self.storage_classes(ph.pp, ph.hosts, on=True)
+        try:
+            drive = self.drive(name, ph)
+        finally:
+            if ph.pp["storage"]["mode"] == "classes":
+                self.storage_classes(ph.pp, ph.hosts, on=False)
+        return self.phase_result(ph, drive)
+
+    def configure(self, name: str, pp: dict[str, Any]) -> Phase:
+        """Place the workers, plan their connections, and set the phase's paths, marking,
+        congestion control and ECN on the hosts; the switches count every connection."""
         work = self.work / name
         work.mkdir(parents=True, exist_ok=True)
         where = "ecn" if name == "run" else f"phases.{name}.ecn"
         hosts = kind.place_workers(self.topo, pp, self.rng)
         conns = self.conns_for(pp, hosts)
         sconns = self.storage_conns(pp, hosts)
-        all_conns = conns + sconns
         pinned = self.set_paths(pp, conns)
         k_rule = None
         if pp["ecn"]["k_rule"] == "dctcp" and pp["ecn"]["marking"] == "step":
             pp, k_rule = self.dctcp_k(pp, conns)
         marking = self.set_marking(pp, where)
         self.set_default_cc(pp, hosts)
-        ecn_flag = 1 if job["ecn"] else 0
+        ecn_flag = 1 if pp["job"]["ecn"] else 0
         for h in {*hosts, *pp["storage"]["hosts"]}:
             self.host(h).cmd(f"sysctl -qw net.ipv4.tcp_ecn={ecn_flag}")
-        watch = [e for c in all_conns for e in c.spec.watch_entries(c.index)]
+        watch = [e for c in conns + sconns for e in c.spec.watch_entries(c.index)]
         self.request({"cmd": "watch", "flows": watch})
+        return Phase(pp, work, hosts, conns, sconns, pinned, marking, k_rule)
+
+    def drive(self, name: str, ph: Phase) -> Drive:
+        """The job's programs (and storage's) from start to exit, inside one window."""
+        pp, job, work = ph.pp, ph.pp["job"], ph.work
         estimate = job["steps"] * (job["compute_s"] + job["straggler_s"] + 2.0) + 20
-        if pp["storage"]["mode"] == "classes":
-            self.storage_classes(pp, hosts, on=True)
         bridges = [s["name"] for s in self.topo["switches"]]
         sampler = telemetry.Sampler(self.ports, hz=float(pp["sample_hz"]),
                                     controller=self.fabric.controller)
-        window = Window(sampler, self.ports, bridges)
-        watched_hosts = sorted({*hosts, *pp["storage"]["hosts"]})
+        d = Drive(Window(sampler, self.ports, bridges))
+        watched_hosts = sorted({*ph.hosts, *pp["storage"]["hosts"]})
         procs: list[subprocess.Popen] = []
-        capture = None
-        bursts: dict[str, Any] | None = None
         try:
             sampler.start()
             time.sleep(0.05)
-            window.open()
-            ecn0 = self.ecn_counters()
-            tcp0 = {h: tcp_counters(self.host(h).pid) for h in watched_hosts}
+            d.window.open()
+            d.ecn0 = self.ecn_counters()
+            d.tcp0 = {h: tcp_counters(self.host(h).pid) for h in watched_hosts}
             clients: list[subprocess.Popen] = []
             storage_ready: list[Path] = []
-            if sconns:
-                servers, clients, storage_ready = self.start_storage(pp, sconns, work, estimate)
+            if ph.sconns:
+                servers, clients, storage_ready = self.start_storage(pp, ph.sconns, work,
+                                                                     estimate)
                 procs += servers + clients
             if job["pattern"] == "incast":
-                rx = conns[0].spec.dst
-                capture = ecnwire.start_capture(self.host(rx).popen,
-                                                self.host(rx).defaultIntf().name,
-                                                work / "receiver.pcap")
-                self.fabric.record.add_pid(capture.pid, "tcpdump at the incast receiver")
-                workers = self.start_incast(pp, conns, work)
+                rx = ph.conns[0].spec.dst
+                d.capture = ecnwire.start_capture(self.host(rx).popen,
+                                                  self.host(rx).defaultIntf().name,
+                                                  work / "receiver.pcap")
+                self.fabric.record.add_pid(d.capture.pid, "tcpdump at the incast receiver")
+                workers = self.start_incast(pp, ph.conns, work)
             else:
-                workers = self.start_ring(pp, hosts, conns, work)
+                workers = self.start_ring(pp, ph.hosts, ph.conns, work)
             if storage_ready:           # every GPU's checkpoints together, with the job
                 programs.go(storage_ready, clients)
             procs += workers
-            self.progress(f"[{name}] {len(hosts)} workers on {', '.join(hosts)}: "
+            self.progress(f"[{name}] {len(ph.hosts)} workers on {', '.join(ph.hosts)}: "
                           f"{job['steps']} steps of {job['pattern']} "
                           f"{job['size_bytes'] / 1e6:g} MB"
-                          + (f", {len(pinned)} paths placed" if pinned else "")
-                          + (f", ECN marking {marking}" if marking else ""))
+                          + (f", {len(ph.pinned)} paths placed" if ph.pinned else "")
+                          + (f", ECN marking {ph.marking}" if ph.marking else ""))
             deadline = time.monotonic() + estimate
             for p in workers:
-                _wait(p, max(1.0, deadline - time.monotonic()))
-            t_job_end = time.monotonic() - sampler.t0
+                wait(p, max(1.0, deadline - time.monotonic()))
+            d.t_job_end = time.monotonic() - sampler.t0
             if job["pattern"] == "incast" and pp["microburst"]["senders"]:
-                bursts = self.microbursts(pp, hosts, conns[0].spec.dst, work)
+                d.bursts = self.microbursts(pp, ph.hosts, ph.conns[0].spec.dst, work)
             for p in procs:                      # storage: stop it with the job
                 if p.poll() is None:
                     p.send_signal(signal.SIGTERM)
             for p in procs:
-                _wait(p, 5)
-            if capture is not None:
-                capture.stop()
-            window.close()
-            ecn1 = self.ecn_counters()
-            tcp1 = {h: tcp_counters(self.host(h).pid) for h in watched_hosts}
+                wait(p, 5)
+            if d.capture is not None:
+                d.capture.stop()
+            d.window.close()
+            d.ecn1 = self.ecn_counters()
+            d.tcp1 = {h: tcp_counters(self.host(h).pid) for h in watched_hosts}
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-            if capture is not None and capture.proc.poll() is None:
-                capture.proc.kill()
+            if d.capture is not None and d.capture.proc.poll() is None:
+                d.capture.proc.kill()
             sampler.stop()
-            if pp["storage"]["mode"] == "classes":
-                self.storage_classes(pp, hosts, on=False)
-        outputs = self.read_outputs(pp, conns, work)
-        self.attach_results(conns, outputs)
+        return d
+
+    def phase_result(self, ph: Phase, d: Drive) -> dict[str, Any]:
+        """The phase's links, flows (paths from the switches' counters) and metrics."""
+        pp, window, work = ph.pp, d.window, ph.work
+        all_conns = ph.conns + ph.sconns
+        outputs = self.read_outputs(pp, ph.conns, work)
+        self.attach_results(ph.conns, outputs)
         flows = flow_entries([c.spec for c in all_conns], window.flow_deltas(), self.topo,
                              [c.index for c in all_conns])
         for f, c in zip(flows, all_conns, strict=True):
             f["epoch"], f["rank"] = c.epoch, c.rank
         links = window.links()
         for ln in links:
-            c0, c1 = ecn0.get(ln["intf"], {}), ecn1.get(ln["intf"], {})
+            c0, c1 = d.ecn0.get(ln["intf"], {}), d.ecn1.get(ln["intf"], {})
             ln["ce_marked"] = c1.get("ce_marked", 0) - c0.get("ce_marked", 0)
-            ln["ecn_marking"] = marking if ln["intf"] in self.marked else None
-        # The fidelity window is the job's steps: from when its last worker passed the start
-        # barrier to its last step's end. Starting a dozen Python programs on two cores, and
-        # their exit, are the lab's set-up and teardown, not emulation; under TCG either
-        # takes seconds of both vCPUs.
-        t_ready = [o["t_ready"] - sampler.t0 for o in outputs if o.get("t_ready") is not None]
-        t_fid = min(max([window.t_start, *t_ready]), t_job_end)
-        ends = [st["t_end"] - sampler.t0 for o in outputs for st in o.get("steps") or []
-                if isinstance(st, dict) and st.get("t_end") is not None]
-        t_fid_end = min(max([t_fid, *ends]), t_job_end) if ends else t_job_end
-        judged = window.judge(t_fid, t_fid_end)
-        idle = judged["cpu_idle_pct"]
-        metrics = self.phase_metrics(pp, hosts, outputs, flows, links, work)
+            ln["ecn_marking"] = ph.marking if ln["intf"] in self.marked else None
+        judged = window.judge(*self.fidelity_window(outputs, d))
+        metrics = self.phase_metrics(pp, ph.hosts, outputs, flows, links, work)
         metrics["retransmits"] = sum(f["retransmits"] for f in flows
                                      if f["kind"] in ("allreduce", "incast"))
-        metrics["tcp"] = _sum_delta(tcp0, tcp1)
+        metrics["tcp"] = _sum_delta(d.tcp0, d.tcp1)
         metrics["ce_marked"] = sum(ln["ce_marked"] for ln in links)
-        metrics["marking"] = {"mechanism": self.plan.env.ecn, "config": marking,
+        metrics["marking"] = {"mechanism": self.plan.env.ecn, "config": ph.marking,
                               "ports": sorted(self.marked)}
-        if k_rule is not None:
-            metrics["marking"]["k_rule"] = k_rule
-        metrics["cc"] = job["cc"]
+        if ph.k_rule is not None:
+            metrics["marking"]["k_rule"] = ph.k_rule
+        metrics["cc"] = pp["job"]["cc"]
         metrics["paths"] = pp["placement"]["paths"]
         by_tuple = {(f["src_ip"], f["sport"], f["dst_ip"], f["dport"]): f["id"] for f in flows}
         metrics["pins"] = [{"flow": by_tuple.get((p["src"], p["sport"], p["dst"], p["dport"])),
-                            "switch": p["switch"], "port": p["port"]} for p in pinned]
+                            "switch": p["switch"], "port": p["port"]} for p in ph.pinned]
         metrics["placement"] = pp["placement"]["hosts"]
-        metrics["hosts"] = hosts
+        metrics["hosts"] = ph.hosts
         metrics["cpu_idle_min_pct"] = judged["cpu_idle_min_pct"]
         metrics["lab_cpu_pct"] = judged["lab_cpu_pct"]
         metrics["fidelity_window_s"] = judged["window_s"]
         metrics["fidelity_valid"] = (metrics["cpu_idle_min_pct"] >= telemetry.MIN_CPU_IDLE_PCT
                                      and not any(o.get("error") for o in outputs))
-        if capture is not None:
+        if d.capture is not None:
             metrics["wire"] = ecnwire.summarize(work / "receiver.pcap",
                                                 [_flow_id(f) for f in flows])
             (work / "receiver.pcap").unlink(missing_ok=True)   # captures are not kept
-        if bursts is not None:
-            metrics["microburst"] = bursts
+        if d.bursts is not None:
+            metrics["microburst"] = d.bursts
         return {"duration_s": round(window.measured_s, 3), "links": links, "flows": flows,
-                "metrics": metrics, "cpu_idle_pct": idle, "outputs": outputs}
+                "metrics": metrics, "cpu_idle_pct": judged["cpu_idle_pct"],
+                "outputs": outputs}
+
+    @staticmethod
+    def fidelity_window(outputs: list[dict[str, Any]], d: Drive) -> tuple[float, float]:
+        """The job's steps: from when its last worker passed the start barrier to its last
+        step's end, on the sampler's clock.
+
+        Starting a dozen Python programs on two cores, and their exit, are the lab's set-up
+        and teardown, not emulation; under TCG either takes seconds of both vCPUs.
+        """
+        t0 = d.window.sampler.t0
+        t_ready = [o["t_ready"] - t0 for o in outputs if o.get("t_ready") is not None]
+        t_fid = min(max([d.window.t_start, *t_ready]), d.t_job_end)
+        ends = [st["t_end"] - t0 for o in outputs for st in o.get("steps") or []
+                if isinstance(st, dict) and st.get("t_end") is not None]
+        t_fid_end = min(max([t_fid, *ends]), d.t_job_end) if ends else d.t_job_end
+        return t_fid, t_fid_end
 
     def read_outputs(self, pp: dict[str, Any], conns: list[Conn],
                      work: Path) -> list[dict[str, Any]]:
         if pp["job"]["pattern"] == "ring":
-            return [_load(work / f"rank{r}.json") for r in range(len({c.rank for c in conns}))]
-        return [_load(work / "sink.json")] + [_load(work / f"{c.spec.id}.json") for c in conns]
+            return [load(work / f"rank{r}.json") for r in range(len({c.rank for c in conns}))]
+        return [load(work / "sink.json")] + [load(work / f"{c.spec.id}.json") for c in conns]
 
     def attach_results(self, conns: list[Conn], outputs: list[dict[str, Any]]) -> None:
         """Each connection's TCP_INFO (as its sender saw it) onto its flow."""
@@ -614,7 +504,7 @@ class JobRun:
             checkpoints = None
             if pp["storage"]["mode"] != "off":
                 checkpoints = [(c["t_start"], c["t_end"]) for r in range(len(hosts))
-                               for c in _load(work / f"client{r}.json").get("checkpoints", [])]
+                               for c in load(work / f"client{r}.json").get("checkpoints", [])]
             mt = jm.ring_metrics(outputs, len(hosts), job["size_bytes"],
                                  self.bottleneck_bps(job_flows), job_flows, checkpoints)
         else:
@@ -639,100 +529,3 @@ class JobRun:
 
 def _flow_id(f: dict[str, Any]) -> dict[str, Any]:
     return {k: f[k] for k in ("id", "src_ip", "dst_ip", "proto", "sport", "dport")}
-
-
-def _wait(proc: subprocess.Popen, timeout_s: float) -> None:
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def _load(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {"error": f"no output in {path.name}"}
-
-
-def prepare(plan_: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """Every phase's parameters, and the phases this machine cannot run (and why); refuses
-    a congestion control or a marking the machine cannot give, before anything starts."""
-    phases_pp = kind.check(plan_.params, plan_.topo_desc)
-    skipped = kind.phases_to_skip(plan_.params, phases_pp, plan_.env.congestion_controls)
-    phases_pp = {n: pp for n, pp in phases_pp.items() if n not in skipped}
-    for name, pp in phases_pp.items():
-        if pp["job"]["cc"] in RECEIVER_CC:
-            allowed = _read_proc("/proc/sys/net/ipv4/tcp_allowed_congestion_control").split()
-            if pp["job"]["cc"] not in allowed:
-                raise MachineError("job.cc", f"{pp['job']['cc']} is in this kernel but not "
-                                   "allowed in network namespaces (net.ipv4.tcp_allowed_"
-                                   "congestion_control; `make setup` allows every available "
-                                   f"one); phase {name}")
-        if kind.check_marking(pp["ecn"], "ecn") and plan_.env.ecn == "none":
-            raise MachineError("ecn.marking", "this machine has no ECN marking mechanism "
-                               "(RED, or clang and bpftool for the tc-BPF marker)")
-    return phases_pp, skipped
-
-
-def run(plan_: Any, fabric: Any, progress: Any,
-        prepared: tuple[dict[str, dict[str, Any]], dict[str, str]]) -> dict[str, Any]:
-    """Bring the fabric up, then the job's phases one after another on it."""
-    phases_pp, skipped = prepared
-    phases: dict[str, Any] = {}
-    loss = bring_up(plan_, fabric, progress)
-    job = JobRun(plan_, fabric, progress)
-    for name, pp in phases_pp.items():
-        t0 = time.monotonic()
-        phases[name] = job.run_phase(name, pp)
-        fabric.timings[f"phase_{name}_s"] = time.monotonic() - t0
-        progress(f"[{name}] " + jm.phase_line(phases[name]["metrics"]))
-    return assemble(plan_, phases, loss, {}, skipped)
-
-
-def keep_logs(work: Path, out_dir: Path) -> None:
-    """The workers' and storage programs' records and logs (captures stay behind)."""
-    if (work / "job").is_dir():
-        shutil.copytree(work / "job", out_dir / "job", dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("*.pcap"))
-
-
-def assemble(plan_: Any, phases: dict[str, Any], loss: float,
-             timings: dict[str, Any], skipped: dict[str, str] | None = None) -> dict[str, Any]:
-    """result.json: top-level links, flows and metrics are the first phase's (the problem
-    the scenario shows); ``metrics.phases`` and ``phase_details`` hold every phase that ran,
-    ``metrics.phases_skipped`` why the others did not."""
-    skipped = skipped or {}
-    first = next(iter(phases))
-    main = phases[first]
-    metrics = dict(main["metrics"])
-    metrics["phases"] = {n: p["metrics"] for n, p in phases.items()}
-    metrics["pingall_loss_pct"] = loss
-    metrics["phases_skipped"] = dict(skipped)
-    notes = list(plan_.env.notes)
-    notes += [f"{n}: {why}" for n, why in skipped.items()]
-    for n, p in phases.items():
-        m = p["metrics"]
-        if m["cpu_idle_min_pct"] < telemetry.MIN_CPU_IDLE_PCT:
-            notes.append(f"{n}: CPU-bound ({m['cpu_idle_min_pct']:.0f}% idle)")
-        notes += [f"{n}: {e}" for e in m["errors"]]
-    result: dict[str, Any] = {
-        "schema": SCHEMA_VERSION, "kind": "collective", "scenario": plan_.scenario.name,
-        **plan_.policy_fields(), "seed": int(plan_.params["seed"]),
-        "duration_s": main["duration_s"], "phase": first,
-        "environment": plan_.env.as_result(), "topology": plan_.topo_desc,
-        "params": plan_.params, "links": main["links"], "flows": main["flows"],
-        "metrics": metrics, "timings": timings,
-        "phase_details": {n: {k: p[k] for k in ("duration_s", "links", "flows", "cpu_idle_pct")}
-                          for n, p in phases.items()},
-        "fidelity": {"cpu_idle_min_pct": min(p["metrics"]["cpu_idle_min_pct"]
-                                             for p in phases.values()),
-                     "lab_cpu_pct": telemetry.worst_lab_cpu_pct(
-                         p["metrics"]["lab_cpu_pct"] for p in phases.values()),
-                     "valid": loss == 0 and all(p["metrics"]["fidelity_valid"]
-                                                for p in phases.values()),
-                     "notes": notes, "step_clock": "time.monotonic (ns resolution)"},
-    }
-    result["fidelity"]["datapath_loss_bytes"] = diagnose.unexplained_loss(result)
-    return result

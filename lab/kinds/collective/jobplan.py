@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from controllers.marking import parse_marking
 from lab.model.errors import MachineError, ScenarioError
 from lab.model.flows import FlowSpec
 from lab.model.scenario import Param, deep_update
@@ -75,7 +76,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "storage": {"mode": "off", "hosts": [], "read_mbps": 1.0, "checkpoint_bytes": 2 << 20,
                 "every_s": 2.5, "first_at_s": 1.0},
     # k_rule "fixed": step at k_bytes; "dctcp": step at the K DCTCP's guidance gives for the
-    # marked port's rate and the job's measured RTT (controllers.ecn.dctcp_k_bytes).
+    # marked port's rate and the job's measured RTT (controllers.marking.dctcp_k_bytes).
     "ecn": {"marking": "off", "ports": [], "k_bytes": 30_000, "kmin_bytes": 20_000,
             "kmax_bytes": 80_000, "pmax": 0.2, "k_rule": "fixed"},
     "microburst": {"senders": 0, "count": 60, "size": 1000, "bursts": 3},
@@ -115,7 +116,6 @@ def fabric_port_names(topo_desc: dict[str, Any]) -> set[str]:
 
 def check_marking(ecn: dict[str, Any], where: str) -> dict[str, Any] | None:
     """The marker's request body for a phase, or None when marking is off."""
-    from controllers.ecn import parse_marking
     if ecn["marking"] == "off":
         return None
     if ecn["marking"] == "step":

@@ -1,0 +1,166 @@
+"""ECN marking as configured: a port's queue (rate, byte limit, the htb burst the lab gives
+it), a marking (a step at K, or RED-like Kmin/Kmax/Pmax), and the thresholds DCTCP's
+guidance gives. Pure: the controller's markers (``controllers.ecn``) apply it, the lab
+checks scenarios and shapes links with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+#: Byte sizes (K, queue limit, htb burst) stay below 2^30: the BPF program multiplies
+#: (vq - Kmin) by Pmax scaled to 2^32, and keeps burst + limit in 1/8e9-byte units, in 64 bits.
+MAX_BYTES = 2**30
+
+
+@dataclass(frozen=True)
+class Marking:
+    """Mark with p = 0 up to Kmin, rising linearly to Pmax at Kmax, 1 above Kmax.
+
+    A DCTCP step at K (mark everything above K) is ``Marking.step(K)``: Kmin = Kmax = K,
+    Pmax = 1. RED/DCQCN-style marking uses Kmin < Kmax and Pmax < 1.
+    """
+
+    kmin_bytes: int
+    kmax_bytes: int
+    pmax: float = 1.0
+
+    def __post_init__(self) -> None:
+        problem = _marking_problem(self.kmin_bytes, self.kmax_bytes, self.pmax)
+        if problem:
+            field, msg = problem
+            raise ValueError(f"{field}: {msg}")
+
+    @classmethod
+    def step(cls, k_bytes: int) -> Marking:
+        return cls(k_bytes, k_bytes, 1.0)
+
+    @property
+    def is_step(self) -> bool:
+        return self.kmin_bytes == self.kmax_bytes and self.pmax == 1.0
+
+
+#: DCTCP's rule for its step threshold (Alizadeh et al., "Data Center TCP", SIGCOMM 2010,
+#: section 3.4; RFC 8257 discusses it): K > C x RTT / 7 keeps the queue from running dry
+#: when every sender cuts its window at once, with C the bottleneck rate and RTT the flows'.
+DCTCP_K_DIVISOR = 7
+#: A K below one full-size frame marks every queued packet, and RED cannot express it (its
+#: smallest threshold is one avpkt).
+DCTCP_K_FLOOR_BYTES = 1500
+
+
+def dctcp_k_bytes(rate_bps: float, rtt_s: float) -> tuple[int, dict[str, Any]]:
+    """The step threshold DCTCP's guidance gives for a port of ``rate_bps`` carrying flows of
+    round-trip time ``rtt_s``: the smallest whole number of bytes above C x RTT / 7, at least
+    DCTCP_K_FLOOR_BYTES. Returns K and why (for the result)."""
+    if isinstance(rate_bps, bool) or not isinstance(rate_bps, int | float) or \
+            not 0 < rate_bps < math.inf:
+        raise ValueError(f"rate_bps: must be a positive rate, not {rate_bps!r}")
+    if isinstance(rtt_s, bool) or not isinstance(rtt_s, int | float) or not 0 < rtt_s < 60:
+        raise ValueError(f"rtt_s: must be a round-trip time in (0, 60) s, not {rtt_s!r}")
+    bound = rate_bps / 8 * rtt_s / DCTCP_K_DIVISOR
+    k = max(DCTCP_K_FLOOR_BYTES, math.floor(bound) + 1)
+    return k, {"rule": "K > C*RTT/7 (Alizadeh et al., SIGCOMM 2010; RFC 8257)",
+               "rate_bps": rate_bps, "rtt_ms": round(rtt_s * 1000, 4),
+               "bound_bytes": round(bound, 1), "floor_bytes": DCTCP_K_FLOOR_BYTES,
+               "k_bytes": k}
+
+
+#: The least htb burst of a port: one TSO super-packet. With userspace TSO the datapath
+#: hands 64 KiB segments to the veth; a smaller burst makes htb under-run the rate.
+MIN_HTB_BURST_BYTES = 70_000
+
+
+def htb_burst_bytes(rate_bps: float) -> int:
+    """The htb burst of every lab port (``lab/net/links.py`` shapes with it; marking at a
+    threshold is judged against it): 2 ms at the rate, at least one TSO super-packet.
+    Defined here, once: the controller cannot import the lab, the lab imports this."""
+    return max(MIN_HTB_BURST_BYTES, int(rate_bps / 8 * 0.002))
+
+
+@dataclass(frozen=True)
+class PortQueue:
+    """A port's configured shaping: htb rate and burst, and the bfifo limit.
+
+    ``burst_bytes`` 0 means the lab's burst for this rate (``htb_burst_bytes``). The
+    tc-bpf marker needs it: htb sends up to a burst ahead of its rate, and that much of
+    the traffic never waits in the bfifo.
+    """
+
+    intf: str
+    rate_bps: int
+    limit_bytes: int
+    burst_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.intf or len(self.intf) > 15 or "/" in self.intf or " " in self.intf:
+            raise ValueError(f"intf: not an interface name: {self.intf!r}")
+        for name, least in (("rate_bps", 1), ("limit_bytes", 1), ("burst_bytes", 0)):
+            value = getattr(self, name)
+            if not _is_int(value) or value < least:
+                raise ValueError(f"{self.intf}.{name}: must be an integer >= {least}, "
+                                 f"not {value!r}")
+        for name in ("limit_bytes", "burst_bytes"):
+            if getattr(self, name) > MAX_BYTES:
+                raise ValueError(f"{self.intf}.{name}: at most {MAX_BYTES}")
+        if self.htb_burst > MAX_BYTES:
+            raise ValueError(f"{self.intf}.rate_bps: too fast ({self.rate_bps})")
+
+    @property
+    def htb_burst(self) -> int:
+        return self.burst_bytes or htb_burst_bytes(self.rate_bps)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _marking_problem(kmin: object, kmax: object, pmax: object) -> tuple[str, str] | None:
+    """The first thing wrong with these values as (field, message), else None."""
+    for name, value in (("kmin_bytes", kmin), ("kmax_bytes", kmax)):
+        if not _is_int(value):
+            return name, f"must be an integer number of bytes, not {value!r}"
+        if value <= 0:
+            return name, f"must be > 0, not {value}"
+        if value > MAX_BYTES:
+            return name, f"must be at most {MAX_BYTES}, not {value}"
+    if kmin > kmax:  # type: ignore[operator]
+        return "kmin_bytes", f"{kmin} is above kmax_bytes {kmax}"
+    if isinstance(pmax, bool) or not isinstance(pmax, int | float):
+        return "pmax", f"must be a number, not {pmax!r}"
+    if not 0 < pmax <= 1:  # also rejects NaN
+        return "pmax", f"must be in (0, 1], not {pmax}"
+    return None
+
+
+def parse_marking(obj: Any, where: str) -> Marking:
+    """A Marking from config: ``{"k_bytes": K}`` (step) or ``{"kmin_bytes", "kmax_bytes",
+    "pmax"}``. Errors are ValueErrors whose message starts with the field (``where.key``)."""
+    prefix = f"{where}." if where else ""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where or 'marking'}: must be an object with k_bytes, or "
+                         f"kmin_bytes/kmax_bytes/pmax, not {obj!r}")
+    step_keys, red_keys = {"k_bytes"}, {"kmin_bytes", "kmax_bytes", "pmax"}
+    for key in obj:
+        if key not in step_keys | red_keys:
+            raise ValueError(f"{prefix}{key}: unknown field (expected k_bytes, or "
+                             f"kmin_bytes, kmax_bytes and pmax)")
+    if "k_bytes" in obj:
+        extra = sorted(red_keys & obj.keys())
+        if extra:
+            raise ValueError(f"{prefix}{extra[0]}: give either k_bytes or "
+                             f"kmin_bytes/kmax_bytes/pmax, not both")
+        k = obj["k_bytes"]
+        problem = _marking_problem(k, k, 1.0)
+        if problem:
+            raise ValueError(f"{prefix}k_bytes: {problem[1]}")
+        return Marking.step(k)
+    for key in ("kmin_bytes", "kmax_bytes", "pmax"):
+        if key not in obj:
+            raise ValueError(f"{prefix}{key}: missing (or give k_bytes for a step)")
+    problem = _marking_problem(obj["kmin_bytes"], obj["kmax_bytes"], obj["pmax"])
+    if problem:
+        raise ValueError(f"{prefix}{problem[0]}: {problem[1]}")
+    return Marking(obj["kmin_bytes"], obj["kmax_bytes"], float(obj["pmax"]))

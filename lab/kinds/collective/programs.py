@@ -1,0 +1,211 @@
+"""The programs of a collective phase, started in the hosts: storage servers and clients,
+ring ranks, incast sink and senders, micro-burst senders and receiver; and the NIC classes
+that put storage behind the ring.
+
+A mixin of ``JobRun`` (``runner``): it uses the run's hosts, addresses and spawn.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from lab import agents
+from lab.kinds.collective import jobplan as kind
+from lab.kinds.collective.jobplan import Conn
+from lab.machine import programs
+from lab.model.errors import MachineError
+
+
+class JobPrograms:
+    """Starting and stopping a phase's programs (mixed into ``JobRun``)."""
+
+    fabric: Any
+    plan: Any
+    ips: dict[str, str]
+
+    def host(self, name: str) -> Any:
+        return self.fabric.host(name)
+
+    def spawn(self, host: str, argv: list[str], log: Path, what: str) -> subprocess.Popen:
+        return programs.spawn(self.fabric, host, argv, log, what)
+
+    def storage_classes(self, pp: dict[str, Any], hosts: list[str], on: bool) -> None:
+        """Storage traffic in a low-priority class of each GPU host's NIC, or back to one FIFO.
+
+        The NIC is the link a GPU's ring and its checkpoint share. Classes are applied
+        there (htb: the job's class borrows first; storage gets what is left, at least
+        5 %); the switches' ports stay single FIFOs (OVS's ``set_queue`` does not steer
+        packets in the userspace datapath).
+        """
+        for h in hosts:
+            node = self.host(h)
+            intf = node.defaultIntf()
+            dev = intf.name
+            rate = intf.params["bw"]
+            limit = intf.params["queue_bytes"]
+            burst = 70000
+            node.cmd(f"tc qdisc del dev {dev} root 2>/dev/null")
+            cmds = [f"tc qdisc add dev {dev} root handle 1: htb default " + ("11" if on else "1")]
+            if on:
+                cmds += [
+                    f"tc class add dev {dev} parent 1: classid 1:1 htb rate {rate}mbit "
+                    f"ceil {rate}mbit burst {burst} cburst {burst} quantum 100000",
+                    f"tc class add dev {dev} parent 1:1 classid 1:11 htb rate {rate * 0.95}mbit"
+                    f" ceil {rate}mbit burst {burst} cburst {burst} prio 0 quantum 100000",
+                    f"tc class add dev {dev} parent 1:1 classid 1:12 htb rate {rate * 0.05}mbit"
+                    f" ceil {rate}mbit burst {burst} cburst {burst} prio 1 quantum 100000",
+                    f"tc qdisc add dev {dev} parent 1:11 handle 11: bfifo limit {limit}",
+                    f"tc qdisc add dev {dev} parent 1:12 handle 12: bfifo limit {limit}",
+                    f"tc filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dport "
+                    f"{kind.STORAGE_PORT} 0xffff flowid 1:12",
+                ]
+            else:
+                cmds += [
+                    f"tc class add dev {dev} parent 1: classid 1:1 htb rate {rate}mbit "
+                    f"ceil {rate}mbit burst {burst} cburst {burst} quantum 100000",
+                    f"tc qdisc add dev {dev} parent 1:1 handle 10: bfifo limit {limit}",
+                ]
+            for cmd in cmds:
+                out = node.cmd(f"{cmd} 2>&1; echo __rc=$?")
+                text, _, rc = out.rpartition("__rc=")
+                if rc.strip() != "0":
+                    raise MachineError("storage", f"{h}: `{cmd}` failed: {text.strip()}")
+
+    def start_storage(self, pp: dict[str, Any], conns: list[Conn], work: Path,
+                      duration_s: float
+                      ) -> tuple[list[subprocess.Popen], list[subprocess.Popen], list[Path]]:
+        """Storage servers, then one client per GPU, connected and held until
+        :func:`lab.machine.programs.go`; returns the servers, the clients and their ready files."""
+        st = pp["storage"]
+        procs = []
+        for srv in st["hosts"]:
+            procs.append(self.spawn(srv, [*agents.command("storage"), "serve",
+                                          "--listen", f"{self.ips[srv]}:{kind.STORAGE_PORT}",
+                                          "--out", str(work / f"storage-{srv}.json")],
+                                    work / f"storage-{srv}.log", f"storage server {srv}"))
+        for srv in st["hosts"]:
+            self.wait_listening(srv, kind.STORAGE_PORT)
+        by_rank: dict[int, dict[str, Conn]] = {}
+        for c in conns:
+            by_rank.setdefault(c.rank, {})[c.spec.kind] = c
+        clients = []
+        for r, cs in sorted(by_rank.items()):
+            read, ckpt = cs["storage-read"], cs["storage-checkpoint"]
+            client = ckpt.spec.src
+            clients.append(self.spawn(client, [
+                *agents.command("storage"), "client",
+                "--server", f"{ckpt.spec.dst_ip}:{kind.STORAGE_PORT}",
+                "--bind", self.ips[client], "--read-sport", str(read.spec.dport),
+                "--write-sport", str(ckpt.spec.sport), "--read-bps", str(st["read_mbps"] * 1e6),
+                "--checkpoint-bytes", str(st["checkpoint_bytes"]),
+                "--every-s", str(st["every_s"]), "--first-at-s", str(st["first_at_s"]),
+                "--duration-s", str(duration_s), "--out", str(work / f"client{r}.json"),
+                "--ready-file", str(work / f"client{r}.ready")],
+                work / f"client{r}.log", f"storage client {r}"))
+        return procs, clients, [work / f"client{r}.ready" for r in sorted(by_rank)]
+
+    def wait_listening(self, host: str, port: int, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if f":{port}" in self.host(host).cmd(f"ss -Hltn 'sport = :{port}'"):
+                return
+            time.sleep(0.02)
+        raise MachineError("traffic", f"nothing listens on {host}:{port} after {timeout_s:g} s")
+
+    # -- the job --------------------------------------------------------------------------------
+    def start_ring(self, pp: dict[str, Any], hosts: list[str], conns: list[Conn],
+                   work: Path) -> list[subprocess.Popen]:
+        job = pp["job"]
+        n = len(hosts)
+        procs = []
+        for r, h in enumerate(hosts):
+            sports = [c.spec.sport for c in sorted(conns, key=lambda c: c.epoch)
+                      if c.rank == r]
+            nxt = hosts[(r + 1) % n]
+            argv = [*agents.command("worker"), "ring", "--rank", str(r),
+                    "--world", str(n), "--listen", f"{self.ips[h]}:{kind.RING_PORT + r}",
+                    "--next", f"{self.ips[nxt]}:{kind.RING_PORT + (r + 1) % n}",
+                    "--bind", self.ips[h], "--sports", ",".join(map(str, sports)),
+                    "--size", str(job["size_bytes"]), "--steps", str(job["steps"]),
+                    "--warmup", str(job["warmup"]), "--compute-s", str(job["compute_s"]),
+                    "--jitter-s", str(job["jitter_s"]), "--seed", str(self.plan.params["seed"]),
+                    "--straggler-rank", str(job["straggler_rank"]),
+                    "--straggler-s", str(job["straggler_s"]), "--buckets", str(job["buckets"]),
+                    "--epoch-steps", str(job["epoch_steps"]), "--cc", job["cc"],
+                    "--connect-timeout-s", "20", "--out", str(work / f"rank{r}.json")]
+            procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"ring rank {r}"))
+        return procs
+
+    def start_incast(self, pp: dict[str, Any], conns: list[Conn],
+                     work: Path) -> list[subprocess.Popen]:
+        job = pp["job"]
+        rx = conns[0].spec.dst
+        burst = job["size_bytes"] // len(conns)
+        procs = [self.spawn(rx, [*agents.command("worker"), "incast-sink",
+                                 "--listen", f"{self.ips[rx]}:{kind.SINK_PORT}",
+                                 "--senders", str(len(conns)), "--burst", str(burst),
+                                 "--steps", str(job["steps"]), "--gap-s", str(job["compute_s"]),
+                                 "--out", str(work / "sink.json")],
+                            work / "sink.log", "incast sink")]
+        self.wait_listening(rx, kind.SINK_PORT)
+        for c in conns:
+            f = c.spec
+            procs.append(self.spawn(f.src, [*agents.command("worker"), "incast-send", "--connect",
+                                            f"{f.dst_ip}:{kind.SINK_PORT}", "--bind", f.src_ip,
+                                            "--sport", str(f.sport), "--cc", job["cc"],
+                                            "--out", str(work / f"{f.id}.json")],
+                                    work / f"{f.id}.log", f"incast sender {f.id}"))
+        return procs
+
+    def microbursts(self, pp: dict[str, Any], hosts: list[str], rx: str,
+                    work: Path) -> dict[str, Any]:
+        """Fixed-shape UDP bursts (scapy-crafted, ECT(0)) from a few senders into the
+        receiver's port at once: where in a burst CE marks and drops begin."""
+        mb = pp["microburst"]
+        senders = [h for h in hosts if h != rx][:mb["senders"]]
+        expect = len(senders) * mb["count"] * mb["bursts"]
+        recv = self.spawn(rx, [*agents.command("microburst"), "--recv",
+                               "--bind", self.ips[rx], "--port", str(kind.BURST_PORT),
+                               "--expect", str(expect), "--timeout-s", "6",
+                               "--out", str(work / "burst-recv.json")],
+                          work / "burst-recv.log", "micro-burst receiver")
+        time.sleep(0.3)
+        procs = []
+        # Far enough ahead for every sender to import scapy and build its frames.
+        start_at = time.monotonic() + 1.5
+        for i, h in enumerate(senders):
+            node = self.host(h)
+            procs.append(self.spawn(h, [
+                *agents.command("microburst"), "--iface", node.defaultIntf().name,
+                "--src-mac", self.macs[h], "--dst-mac", self.macs[rx], "--src-ip", self.ips[h],
+                "--dst-ip", self.ips[rx], "--sport", str(kind.BURST_PORT + 1 + i),
+                "--dport", str(kind.BURST_PORT), "--count", str(mb["count"]),
+                "--size", str(mb["size"]), "--ecn", "ect0", "--bursts", str(mb["bursts"]),
+                "--gap-s", "0.5", "--start-at", f"{start_at:.6f}",
+                "--out", str(work / f"burst-{h}.json")],
+                work / f"burst-{h}.log", f"micro-burst sender {h}"))
+        for p in procs:
+            wait(p, 30)
+        wait(recv, 15)
+        out = {"senders": senders, "recv": load(work / "burst-recv.json"),
+               "sent": {h: load(work / f"burst-{h}.json") for h in senders}}
+        return out
+
+
+def wait(proc: subprocess.Popen, timeout_s: float) -> None:
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def load(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"error": f"no output in {path.name}"}

@@ -1,0 +1,272 @@
+"""Interface counters and qdisc statistics over rtnetlink, from inside this process.
+
+One socket per network namespace, kept open for the whole run: a link dump and a qdisc
+dump per sample. Spawning ``tc`` per sample (as the lab once did) costs a process start
+10-25 times a second, which a software-emulated machine (QEMU TCG) cannot afford: the
+spawns alone used up the CPU headroom a run's fidelity check asks for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import socket
+import struct
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+_NLMSG_HDR = struct.Struct("=IHHII")        # len, type, flags, seq, pid
+_NLA_HDR = struct.Struct("=HH")             # len, type
+_TCMSG = struct.Struct("=BxxxiIII")         # family, ifindex, handle, parent, info
+_IFINFOMSG = struct.Struct("=BxHiII")       # family, type, ifindex, flags, change
+_GNET_QUEUE = struct.Struct("=IIIII")       # qlen, backlog, drops, requeues, overlimits
+_LINK_STATS64 = struct.Struct("=8Q")        # rx/tx packets, rx/tx bytes, errors, dropped
+NLMSG_ERROR, NLMSG_DONE, NLM_F_DUMP_INTR = 2, 3, 0x10
+TCA_STATS2, TCA_STATS_QUEUE = 7, 3
+IFLA_IFNAME, IFLA_OPERSTATE, IFLA_STATS64 = 3, 16, 23
+IF_OPER_UP = 6
+TC_H_ROOT = 0xFFFFFFFF                      # a root qdisc's parent
+BYTE_QUEUE_HANDLE = 0x000A0000              # "10:", the byte queue of every lab link
+NLA_TYPE_MASK = 0x3FFF                      # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
+
+
+def _align(n: int) -> int:
+    return (n + 3) & ~3
+
+
+def _attrs(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(type, payload start, payload end) of each netlink attribute in buf[start:end]."""
+    while start + _NLA_HDR.size <= end:
+        length, kind = _NLA_HDR.unpack_from(buf, start)
+        if length < _NLA_HDR.size:
+            return
+        yield kind & NLA_TYPE_MASK, start + _NLA_HDR.size, start + length
+        start += _align(length)
+
+
+@dataclass(frozen=True)
+class LinkCounters:
+    """What the lab reads of one interface (``ip -s link``; the same as sysfs)."""
+
+    tx_bytes: int
+    tx_packets: int
+    tx_dropped: int
+    up: bool
+
+
+class Netlink:
+    """One rtnetlink socket in one network namespace, open for as long as the namespace is.
+
+    ``pid`` None is this process's own (root) namespace; otherwise the namespace of that
+    process (a Mininet node's shell), entered once by a short-lived thread - ``setns`` moves
+    only the calling thread - so nothing is spawned and no other thread changes namespace.
+    One dump at a time per socket (a lock): the sampler thread and the phase's own
+    snapshots share it.
+    """
+
+    def __init__(self, pid: int | None = None) -> None:
+        from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST
+        from pyroute2.netlink.rtnl import RTM_GETLINK, RTM_GETQDISC
+        from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+        from pyroute2.netlink.rtnl.tcmsg import tcmsg
+
+        self.pid = pid
+        self.ns_inode = netns_inode(pid)
+        self._sock = _socket_in(pid)
+        self._sock.settimeout(10.0)
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._names: dict[int, str] = {}
+        self._requests: dict[str, bytearray] = {}
+        for name, cls, kind in (("qdisc", tcmsg, RTM_GETQDISC), ("link", ifinfmsg, RTM_GETLINK)):
+            msg = cls()
+            msg["header"]["type"] = kind
+            msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_DUMP
+            msg.encode()
+            self._requests[name] = bytearray(msg.data)
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def _dump(self, what: str) -> list[tuple[int, bytes, int, int]]:
+        """Every message of one dump as (type, buffer, start, end), retried once if the
+        kernel says the tables changed mid-dump (as ``tc`` would print a warning)."""
+        with self._lock:
+            for _attempt in range(2):
+                msgs, interrupted = self._dump_once(what)
+                if not interrupted:
+                    break
+            return msgs
+
+    def _dump_once(self, what: str) -> tuple[list[tuple[int, bytes, int, int]], bool]:
+        self._seq = (self._seq + 1) & 0xFFFFFFFF
+        req = self._requests[what]
+        struct.pack_into("=I", req, 8, self._seq)
+        self._sock.send(req)
+        msgs: list[tuple[int, bytes, int, int]] = []
+        interrupted = False
+        while True:
+            buf, _, flags, _ = self._sock.recvmsg(1 << 18)
+            if flags & socket.MSG_TRUNC:
+                raise OSError(f"netlink {what} dump truncated")
+            off = 0
+            while off + _NLMSG_HDR.size <= len(buf):
+                length, kind, mflags, seq, _ = _NLMSG_HDR.unpack_from(buf, off)
+                if length < _NLMSG_HDR.size:
+                    break
+                if seq == self._seq:        # a reply to an earlier, abandoned dump is skipped
+                    if kind == NLMSG_DONE:
+                        return msgs, interrupted
+                    if kind == NLMSG_ERROR:
+                        (err,) = struct.unpack_from("=i", buf, off + _NLMSG_HDR.size)
+                        raise OSError(-err, f"netlink {what} dump: {os.strerror(-err)}")
+                    interrupted |= bool(mflags & NLM_F_DUMP_INTR)
+                    msgs.append((kind, buf, off + _NLMSG_HDR.size, off + length))
+                off += _align(length)
+
+    def links(self) -> dict[str, LinkCounters]:
+        """{name: counters} of every interface in the namespace; refreshes index -> name."""
+        out: dict[str, LinkCounters] = {}
+        names: dict[int, str] = {}
+        for _, buf, start, end in self._dump("link"):
+            _, _, index, _, _ = _IFINFOMSG.unpack_from(buf, start)
+            name, stats, oper = None, None, 0
+            for kind, a, b in _attrs(buf, start + _IFINFOMSG.size, end):
+                if kind == IFLA_IFNAME:
+                    name = buf[a:b].split(b"\0", 1)[0].decode()
+                elif kind == IFLA_OPERSTATE:
+                    oper = buf[a]
+                elif kind == IFLA_STATS64:
+                    stats = _LINK_STATS64.unpack_from(buf, a)
+            if name is None:
+                continue
+            names[index] = name
+            if stats is not None:
+                out[name] = LinkCounters(stats[3], stats[1], stats[7], oper == IF_OPER_UP)
+        self._names = names
+        return out
+
+    def qdiscs(self) -> dict[str, tuple[int, int]]:
+        """{dev: (drops, backlog bytes)} of each port's queue.
+
+        Drops are the root qdisc's, as ``tc -s -j qdisc show`` prints them: a classful root
+        (htb, or netem above htb on a link with delay) counts every drop below it. The
+        backlog is the byte queue's, the leaf with handle ``10:`` where the link has one:
+        under htb it equals the root's, but a root netem's backlog also holds the packets
+        on its delay line (a 20 ms line at 20 Mbit/s is 50 kB), which no queue holds.
+        """
+        roots: dict[int, tuple[int, int]] = {}
+        leaf: dict[int, int] = {}
+        for _, buf, start, end in self._dump("qdisc"):
+            _, index, handle, parent, _ = _TCMSG.unpack_from(buf, start)
+            if parent != TC_H_ROOT and handle != BYTE_QUEUE_HANDLE:
+                continue
+            drops = backlog = 0
+            for kind, a, b in _attrs(buf, start + _TCMSG.size, end):
+                if kind == TCA_STATS2:
+                    for sub, qa, _qb in _attrs(buf, a, b):
+                        if sub == TCA_STATS_QUEUE:
+                            _, backlog, drops, _, _ = _GNET_QUEUE.unpack_from(buf, qa)
+            if parent == TC_H_ROOT:
+                roots[index] = (drops, backlog)
+            else:
+                leaf[index] = backlog
+        if any(index not in self._names for index in roots):
+            self.links()
+        return {self._names[i]: (d, leaf.get(i, b)) for i, (d, b) in roots.items()
+                if i in self._names}
+
+
+def netns_inode(pid: int | None) -> int:
+    """The identity of a process's network namespace (its nsfs inode)."""
+    return os.stat(f"/proc/{pid if pid is not None else 'self'}/ns/net").st_ino
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def _socket_in(pid: int | None) -> socket.socket:
+    """A bound rtnetlink socket created inside the network namespace of ``pid``."""
+    def make() -> socket.socket:
+        s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        s.bind((0, 0))
+        return s
+
+    if pid is None:
+        return make()
+    from pyroute2 import netns
+
+    fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    box: dict[str, Any] = {}
+
+    def enter() -> None:
+        try:
+            # libc named, not looked up: ctypes' find_library spawns ``ldconfig -p``.
+            netns.setns(fd, flags=0, libc=_libc())    # this thread only; it ends right after
+            box["sock"] = make()
+        except OSError as e:
+            box["error"] = e
+
+    try:
+        t = threading.Thread(target=enter, name="fabriclab-netns", daemon=True)
+        t.start()
+        t.join()
+    finally:
+        os.close(fd)
+    if "error" in box:
+        raise box["error"]
+    return box["sock"]
+
+
+_root: Netlink | None = None
+_in_ns: dict[int, Netlink] = {}
+_registry_lock = threading.Lock()
+
+
+def netlink(pid: int | None = None) -> Netlink:
+    """The kept-open socket of this process's namespace, or of ``pid``'s.
+
+    A node's socket is replaced when its pid now lives in another namespace (the pid was
+    reused), and sockets of nodes that are gone are closed on the way: an open socket
+    would keep a dead node's namespace alive.
+    """
+    global _root
+    with _registry_lock:
+        if pid is None:
+            if _root is None:
+                _root = Netlink()
+            return _root
+        for other, nl in list(_in_ns.items()):
+            try:
+                current = netns_inode(other)
+            except OSError:
+                current = -1
+            if current != nl.ns_inode:
+                nl.close()
+                del _in_ns[other]
+        if pid not in _in_ns:
+            _in_ns[pid] = Netlink(pid)
+        return _in_ns[pid]
+
+
+def close_netlink(pids: Iterable[int]) -> None:
+    """Close the sockets kept in these nodes' namespaces (their run is over)."""
+    with _registry_lock:
+        for pid in pids:
+            nl = _in_ns.pop(pid, None)
+            if nl is not None:
+                nl.close()
+
+
+def qdisc_stats(pid: int | None = None) -> dict[str, tuple[int, int]]:
+    """{dev: (drops, backlog bytes)} of each root qdisc in the root namespace, or in the
+    namespace of ``pid``; empty if that process (and so its namespace) is gone."""
+    try:
+        return netlink(pid).qdiscs()
+    except (FileNotFoundError, ProcessLookupError):
+        return {}
