@@ -14,7 +14,7 @@ setup(
         "os-ken>=4.2",      # maintained Ryu fork; Ryu 4.34 lives in its own venv (lab/setup.sh)
         "PyYAML>=6.0",
         "scapy>=2.5",       # 5-tuple traceroute probes (lab/agents/probe.py)
-        "matplotlib>=3.7",  # report.html's plots (lab/report.py)
+        "matplotlib>=3.7",  # report.html's plots (lab/report/)
         "pytest>=8",        # the `fabric` fixture users import (lab/testing.py)
         # Counters and queues read over rtnetlink in-process, one socket per namespace
         # (lab/measure/telemetry.py): a `tc` spawn per sample ate a slow machine's CPU headroom.

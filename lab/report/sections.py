@@ -1,0 +1,101 @@
+"""Reading a run: its kind, its phases as sections, and the labels plots and tables share.
+
+Everything here reads the result defensively: a field that is missing or of the wrong type
+is treated as absent, so a report draws what is there and says what is not.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from lab.model.result import ResultError
+
+ReportError = ResultError
+
+
+def kind_of(result: dict[str, Any]) -> str:
+    """The result's kind; results from before kinds existed are ``ecmp``."""
+    return str(result.get("kind") or "ecmp")
+
+
+@dataclass
+class Section:
+    """One phase of a run (or the whole run, ``name`` empty): its links, flows and metrics."""
+
+    name: str
+    duration_s: float | None
+    links: list[dict[str, Any]]
+    flows: list[dict[str, Any]]
+    metrics: dict[str, Any]
+    events: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"phase {self.name}" if self.name else "run"
+
+
+def sections(result: dict[str, Any]) -> list[Section]:
+    """Phases in run order, from ``phase_details``; an unphased run is one nameless section.
+
+    The top-level links and flows of a phased result repeat one phase's, so they are not a
+    section of their own.
+    """
+    details = result.get("phase_details")
+    metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}
+    if isinstance(details, dict) and details:
+        per_phase = metrics.get("phases") if isinstance(metrics.get("phases"), dict) else {}
+        return [Section(str(name), d.get("duration_s"), _dicts(d.get("links")),
+                        _dicts(d.get("flows")), _dict(per_phase.get(name)),
+                        _dict(d.get("events")))
+                for name, d in details.items() if isinstance(d, dict)]
+    return [Section("", result.get("duration_s"), _dicts(result.get("links")),
+                    _dicts(result.get("flows")), metrics)]
+
+
+def _dict(x: Any) -> dict[str, Any]:
+    return x if isinstance(x, dict) else {}
+
+
+def _dicts(x: Any) -> list[dict[str, Any]]:
+    return [e for e in x if isinstance(e, dict)] if isinstance(x, list) else []
+
+
+def _num(x: Any) -> float | None:
+    """A finite number, or None (bools, strings, NaN and missing values are not numbers)."""
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
+
+
+def _link_labels(links: list[dict[str, Any]]) -> list[str]:
+    """``node→peer``, with the interface when two links join the same pair of nodes."""
+    base = [f"{ln.get('node', '?')}→{ln.get('peer', '?')}" for ln in links]
+    labels = []
+    for ln, b in zip(links, base, strict=True):
+        if base.count(b) > 1:
+            b += f" ({ln.get('intf') or 'port ' + str(ln.get('port', '?'))})"
+        labels.append(b)
+    return labels
+
+
+def _flow_label(flow: dict[str, Any], via: bool = False) -> str:
+    """A flow's id without its phase prefix (``incident/big5`` → ``big5``).
+
+    With ``via``, the path choice the plot is about: a stream's edge uplink, or the switch
+    in the middle of a leaf-spine path (``f3 via spine2``), the ECMP choice.
+    """
+    label = str(flow.get("id", "?")).rsplit("/", 1)[-1]
+    path, uplinks = flow.get("path"), flow.get("uplinks")
+    if via and isinstance(uplinks, list) and uplinks:
+        # A stream's story is the edge uplink it left (or entered) by, not the spine.
+        label += " via " + ", ".join(str(u).split("->", 1)[0] for u in uplinks)
+    elif via and isinstance(path, list) and len(path) == 3:
+        label += f" via {path[1]}"
+    return label
