@@ -46,15 +46,14 @@ import contextlib
 import errno
 import fcntl
 import ipaddress
-import json
 import re
-import signal
 import socket
 import struct
 import sys
 import time
-from pathlib import Path
 from typing import Any, NoReturn
+
+from lab.agents.common import StopRequestedError, catch_signals, ignore_signals, write_json
 
 MAGIC = b"MBU1"
 #: Payload header: magic, burst number, sequence number in the burst, frames per burst.
@@ -70,14 +69,6 @@ SOCKET_BUFFER = 8 << 20
 SIOCGIFMTU = 0x8921
 SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)
 MAC_RE = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
-
-
-class StopRequestedError(Exception):
-    """SIGTERM or SIGINT: stop receiving and write what we have."""
-
-
-def _on_signal(signum: int, _frame: object) -> NoReturn:
-    raise StopRequestedError(signal.Signals(signum).name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,8 +265,7 @@ def receiver_report(got: dict[str, Any], expect: int) -> dict[str, Any]:
 
 def run_receiver(args: argparse.Namespace) -> dict[str, Any]:
     sock = open_receiver(args.bind, args.port)
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    catch_signals()
     # The caller waits for this line before it starts sending.
     print(f"listening on {args.bind}:{args.port}", file=sys.stderr, flush=True)
     try:
@@ -283,8 +273,7 @@ def run_receiver(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         sock.close()
     # From here on a late signal must not cut the summary short.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_signals()
     return receiver_report(got, args.expect)
 
 
@@ -421,14 +410,6 @@ def interface_mtu(iface: str) -> int | None:
         except OSError:
             return None
     return struct.unpack("16si12x", res)[1]
-
-
-def write_json(data: dict[str, Any], out: str | None) -> None:
-    text = json.dumps(data, indent=1)
-    if out:
-        Path(out).write_text(text + "\n")
-    else:
-        print(text)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -427,8 +427,7 @@ def simulate_playout(arrivals: Iterable[tuple[int, float]], fps: float,
         raise ValueError("fps must be positive")
     if startup_ms < 0 or rebuffer_ms < 0:
         raise ValueError("startup_ms and rebuffer_ms must be >= 0")
-    period = 1.0 / fps
-    best: dict[int, float] = {}
+    best: dict[int, float] = {}  # each frame's first complete arrival, by index
     for seq, t in arrivals:
         i = seq - first_seq
         if i < 0 or (total_frames is not None and i >= total_frames) or math.isnan(t):
@@ -436,57 +435,76 @@ def simulate_playout(arrivals: Iterable[tuple[int, float]], fps: float,
         if t < best.get(i, INF):
             best[i] = t
     n = total_frames if total_frames is not None else (max(best) + 1 if best else 0)
-    arr = [best.get(i, INF) for i in range(n)]
     if not best:
         return PlayoutStats(fps, n, 0, 0, 0, 0, n, False, None, 0, 0.0, None)
+    arr = [best.get(i, INF) for i in range(n)]
     join = min(best.values()) if join_time is None else join_time
     eos = max(best.values()) if eos_time is None else max(eos_time, max(best.values()))
+    period = 1.0 / fps
+    play_start = _buffered_at(arr, 0, _frames_for(startup_ms, fps), join, eos)
+    run = _play(arr, period, play_start, _frames_for(rebuffer_ms, fps), eos)
+    events = [StallEvent(t - join, resume - t, first_seq + k) for t, resume, k in run.stalls]
+    stats = PlayoutStats(
+        fps=fps, frames_expected=n, frames_arrived=len(best), frames_played=run.played,
+        frames_skipped=run.skipped, frames_late=sum(run.late), frames_lost=arr.count(INF),
+        started=True, startup_delay_s=play_start - join, stalls=len(events),
+        stall_s=sum((e.duration_s for e in events), 0.0), play_end_s=run.end - join,
+        stall_events=events)
+    if timeline_step_s > 0:
+        stats.timeline = _timeline(arr, run.consumed, events, join, play_start, run.end, period,
+                                   timeline_step_s)
+    return stats
+
+
+def _buffered_at(arr: Sequence[float], k: int, need: int, now: float, eos: float) -> float:
+    """When ``need`` frames at or after ``k`` are there (or the stream is known over)."""
+    times = heapq.nsmallest(need, (t for t in arr[k:] if t < INF))
+    return max(now, times[-1] if len(times) == need else eos)
+
+
+@dataclass
+class _Playback:
+    """What the playout loop did; stalls are ``(start, resume, frame index)``, not relative."""
+
+    played: int = 0
+    skipped: int = 0
+    late: list[bool] = field(default_factory=list)
+    consumed: list[float] = field(default_factory=list)
+    stalls: list[tuple[float, float, int]] = field(default_factory=list)
+    end: float = 0.0
+
+
+def _play(arr: Sequence[float], period: float, play_start: float, need_rebuffer: int,
+          eos: float) -> _Playback:
+    """Walk the frame slots from ``play_start``: play, skip, stall or end (as
+    :func:`simulate_playout` says). The clock is a segment start plus whole periods: no drift."""
+    n = len(arr)
     sufmin = [INF] * (n + 1)  # sufmin[k]: earliest arrival of any frame >= k
     for i in range(n - 1, -1, -1):
         sufmin[i] = min(arr[i], sufmin[i + 1])
-
-    def buffered_at(k: int, need: int, now: float) -> float:
-        """When ``need`` frames at or after ``k`` are there (or the stream is known over)."""
-        times = heapq.nsmallest(need, (t for t in arr[k:] if t < INF))
-        return max(now, times[-1] if len(times) == need else eos)
-
-    play_start = buffered_at(0, _frames_for(startup_ms, fps), join)
-    need_rebuffer = _frames_for(rebuffer_ms, fps)
+    run = _Playback(late=[False] * n)
     k = 0
-    seg_t, seg_k = play_start, 0  # playing since seg_t, from frame seg_k: no float drift
-    consumed: list[float] = []  # when each frame index was played or skipped
-    late = [False] * n
-    played = skipped = 0
-    events: list[StallEvent] = []
+    seg_t, seg_k = play_start, 0  # playing since seg_t, from frame seg_k
     while k < n:
         t = seg_t + (k - seg_k) * period
         a = arr[k]
         if a <= t + _EPS:
-            played += 1
+            run.played += 1
         elif sufmin[k + 1] <= t + _EPS:
-            skipped += 1
-            late[k] = a < INF
+            run.skipped += 1
+            run.late[k] = a < INF
         elif sufmin[k] == INF and t >= eos:
             break
         else:
-            resume = buffered_at(k, need_rebuffer, t)
-            events.append(StallEvent(t - join, resume - t, first_seq + k))
-            late[k] = a < INF
+            resume = _buffered_at(arr, k, need_rebuffer, t, eos)
+            run.stalls.append((t, resume, k))
+            run.late[k] = a < INF
             seg_t, seg_k = resume, k
             continue
-        consumed.append(t)
+        run.consumed.append(t)
         k += 1
-    t = seg_t + (k - seg_k) * period
-    lost = sum(1 for a in arr if a == INF)
-    stats = PlayoutStats(
-        fps=fps, frames_expected=n, frames_arrived=len(best), frames_played=played,
-        frames_skipped=skipped, frames_late=sum(late), frames_lost=lost, started=True,
-        startup_delay_s=play_start - join, stalls=len(events),
-        stall_s=sum((e.duration_s for e in events), 0.0), play_end_s=t - join, stall_events=events)
-    if timeline_step_s > 0:
-        stats.timeline = _timeline(arr, consumed, events, join, play_start, t, period,
-                                   timeline_step_s)
-    return stats
+    run.end = seg_t + (k - seg_k) * period
+    return run
 
 
 def _timeline(arr: Sequence[float], consumed: Sequence[float], events: Sequence[StallEvent],

@@ -21,11 +21,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import json
 import selectors
-import signal
 import socket
-import struct
 import sys
 import time
 from pathlib import Path
@@ -33,6 +30,13 @@ from typing import Any
 
 from lab.agents import golatch
 from lab.agents import playout as streams
+from lab.agents.common import (
+    StopRequestedError,
+    catch_signals,
+    ignore_signals,
+    tcp_info,
+    write_json,
+)
 
 #: UDP socket buffers: big enough that the *link's* queue, not a socket, drops the datagrams.
 UDP_SOCKET_BUFFER = 4 << 20
@@ -46,29 +50,6 @@ UDP_END_REPEATS, UDP_END_GAP_S = 6, 0.1
 DEFAULT_NOTSENT_LOWAT = 128 * 1024
 #: A connect failing like this means the player is not listening yet: try again.
 _RETRY_CONNECT = (errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH)
-
-
-class StopRequestedError(Exception):
-    """SIGTERM or SIGINT arrived: finish up and write the summary."""
-
-
-def _on_signal(signum: int, _frame: object) -> None:
-    raise StopRequestedError(signal.Signals(signum).name)
-
-
-def _write_json(data: dict[str, Any], out: str | None) -> None:
-    text = json.dumps(data, indent=1)
-    if out:
-        tmp = Path(out + ".tmp")
-        tmp.write_text(text + "\n")
-        tmp.replace(out)  # readers never see half a file
-    else:
-        print(text)
-
-
-def _ignore_signals() -> None:
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def _sleep_until_ns(deadline_ns: int) -> None:
@@ -257,15 +238,11 @@ class Sender:
 
 
 def _tcp_info(sock: socket.socket) -> dict[str, Any]:
-    """What TCP itself says after the last write: congestion control, retransmits, RTT.
-
-    Offsets are those of Linux ``struct tcp_info`` (8 bytes of u8 fields, then u32s).
-    """
-    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-    u32 = struct.unpack_from("=24I", raw, 8)
-    cc = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
-    return {"cc": cc.split(b"\0", 1)[0].decode(), "total_retrans": u32[23],
-            "srtt_ms": u32[15] / 1e3, "snd_cwnd": u32[18],
+    """What TCP itself says after the last write: congestion control, retransmits, RTT, and
+    the send buffer settings that decide how much of the network's backpressure we feel."""
+    info = tcp_info(sock)
+    return {"cc": info["cc"], "total_retrans": info["retransmits"],
+            "srtt_ms": info["rtt_us"] / 1e3, "snd_cwnd": info["snd_cwnd"],
             "sndbuf_bytes": sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),
             "notsent_lowat": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT)}
 
@@ -292,8 +269,8 @@ def cmd_send(args: argparse.Namespace) -> int:
         sender.stopped = str(exc)
         if sender.t0_ns:
             sender.elapsed_s = (time.monotonic_ns() - sender.t0_ns) / 1e9
-    _ignore_signals()  # a second SIGTERM must not cut the summary short
-    _write_json(sender.summary(), args.out)
+    ignore_signals()  # a second SIGTERM must not cut the summary short
+    write_json(sender.summary(), args.out)
     return 0
 
 
@@ -467,8 +444,8 @@ class Player:
 def cmd_play(args: argparse.Namespace) -> int:
     player = Player(args)
     player.run()
-    _ignore_signals()  # a second SIGTERM must not cut the summary short
-    _write_json(player.summary(), args.out)
+    ignore_signals()  # a second SIGTERM must not cut the summary short
+    write_json(player.summary(), args.out)
     return 0
 
 
@@ -549,8 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
+    catch_signals()
     return args.func(args)
 
 

@@ -1,0 +1,125 @@
+"""What several agents do the same way: stop on a signal, write their JSON, read TCP_INFO.
+
+Every agent is killed by the lab at the end of a phase or when a run is cut short, and the
+lab still wants its numbers; so SIGTERM/SIGINT turn into :class:`StopRequestedError`, which
+the agent catches to finish up, and a second signal is ignored while it writes its summary.
+The summary goes to a file atomically, because the lab may read it the moment it appears.
+TCP_INFO is read from one table of offsets, so that a retransmit or an RTT means the same
+thing in every agent's output.
+
+This runs inside hosts: standard library only, nothing of the lab.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import struct
+from pathlib import Path
+from typing import Any, NoReturn
+
+#: The signals the lab stops an agent with; both end it cleanly, with its summary written.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequestedError(Exception):
+    """SIGTERM or SIGINT arrived: stop, write what we have. The message is the signal's name
+    (``SIGTERM``), so a caller can turn it back into the signal for its exit status."""
+
+
+def on_signal(signum: int, _frame: object) -> NoReturn:
+    """Signal handler: raise in the main thread, wherever it is blocked or computing."""
+    raise StopRequestedError(signal.Signals(signum).name)
+
+
+def catch_signals() -> None:
+    """From now on SIGTERM/SIGINT raise :class:`StopRequestedError` instead of killing us."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_signal)
+
+
+def ignore_signals() -> None:
+    """A second SIGTERM must not cut the clean-up or the summary short."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def write_json(data: dict[str, Any], out: str | None) -> None:
+    """Write the summary to ``out`` (one space of indent), or to stdout when ``out`` is None.
+
+    The file is written beside ``out`` and renamed over it, so readers never see half a
+    file; stdout is flushed at once, so a reader of the pipe has it before we exit.
+    """
+    text = json.dumps(data, indent=1)
+    if out:
+        tmp = Path(out + ".tmp")
+        tmp.write_text(text + "\n")
+        tmp.replace(out)
+    else:
+        print(text, flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# TCP_INFO
+# --------------------------------------------------------------------------------------------
+
+#: ``(json name, struct format, byte offset)`` of the ``struct tcp_info`` fields we report, from
+#: include/uapi/linux/tcp.h (offsets checked with ``offsetof`` against the 6.1 headers; the
+#: layout only ever grows at the end). The kernel copies min(asked, sizeof) bytes, so a field
+#: is reported only if the returned buffer covers it. Times are microseconds.
+TCP_INFO_FIELDS: tuple[tuple[str, str, int], ...] = (
+    ("ca_state", "B", 1),            # tcpi_ca_state: 0 open, 1 disorder, 2 CWR, 3 recovery, 4 loss
+    ("rto_us", "I", 8),              # tcpi_rto
+    ("snd_mss", "I", 16),            # tcpi_snd_mss
+    ("unacked", "I", 24),            # tcpi_unacked: segments in flight
+    ("lost", "I", 32),               # tcpi_lost
+    ("rtt_us", "I", 68),             # tcpi_rtt: smoothed RTT
+    ("rttvar_us", "I", 72),          # tcpi_rttvar
+    ("snd_ssthresh", "I", 76),       # tcpi_snd_ssthresh (2147483647 = never set)
+    ("snd_cwnd", "I", 80),           # tcpi_snd_cwnd, segments
+    ("reordering", "I", 88),         # tcpi_reordering
+    ("retransmits", "I", 100),       # tcpi_total_retrans: segments retransmitted, whole life
+    ("bytes_acked", "Q", 120),       # tcpi_bytes_acked
+    ("bytes_received", "Q", 128),    # tcpi_bytes_received
+    ("segs_out", "I", 136),          # tcpi_segs_out
+    ("notsent_bytes", "I", 144),     # tcpi_notsent_bytes
+    ("min_rtt_us", "I", 148),        # tcpi_min_rtt
+    ("delivery_rate_bytes_s", "Q", 160),  # tcpi_delivery_rate
+    ("busy_us", "Q", 168),           # tcpi_busy_time
+    ("rwnd_limited_us", "Q", 176),   # tcpi_rwnd_limited
+    ("sndbuf_limited_us", "Q", 184),  # tcpi_sndbuf_limited
+    ("delivered", "I", 192),         # tcpi_delivered
+    ("ce_seen", "I", 196),           # tcpi_delivered_ce: delivered segments the receiver saw CE on
+    ("bytes_sent", "Q", 200),        # tcpi_bytes_sent
+    ("bytes_retrans", "Q", 208),     # tcpi_bytes_retrans
+    ("dsack_dups", "I", 216),        # tcpi_dsack_dups
+    ("reord_seen", "I", 220),        # tcpi_reord_seen
+)
+#: Offsets of the u32 fields read on their own (:func:`tcp_u32`) while a connection runs.
+TOTAL_RETRANS_OFFSET, UNACKED_OFFSET, NOTSENT_OFFSET = 100, 24, 144
+#: Bytes asked for: more than any kernel's struct tcp_info so far (232 in 6.1, ~250 in 6.x).
+TCP_INFO_LEN = 256
+
+
+def tcp_info(sock: socket.socket) -> dict[str, Any]:
+    """What TCP itself says about a connection: retransmits, bytes acked, RTT, cwnd, CE marks."""
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_LEN)
+    info: dict[str, Any] = {}
+    for name, fmt, offset in TCP_INFO_FIELDS:
+        if offset + struct.calcsize(fmt) <= len(raw):
+            info[name] = struct.unpack_from("=" + fmt, raw, offset)[0]
+    info["cc"] = congestion_control(sock)
+    return info
+
+
+def tcp_u32(sock: socket.socket, offset: int) -> int:
+    """One u32 field of TCP_INFO (0 if this kernel's struct is shorter): cheap enough per step."""
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_LEN)
+    return struct.unpack_from("=I", raw, offset)[0] if offset + 4 <= len(raw) else 0
+
+
+def congestion_control(sock: socket.socket) -> str:
+    """The congestion control a socket really uses (the system's default unless set)."""
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+    return raw.split(b"\0", 1)[0].decode()
