@@ -17,7 +17,8 @@ import struct
 import time
 from typing import Any
 
-from lab.agents.collective import (
+from lab.agents.common import congestion_control
+from lab.agents.workerbase import (
     LOWAT_BYTES,
     CollectiveError,
     accept,
@@ -30,7 +31,6 @@ from lab.agents.collective import (
     now,
     stamp,
 )
-from lab.agents.common import congestion_control
 
 #: The incast sink tells each sender the burst size in this header, right after accepting it.
 INCAST_HELLO = struct.Struct("!Q")

@@ -20,7 +20,8 @@ import threading
 import time
 from typing import Any
 
-from lab.agents.collective import (
+from lab.agents.common import TOTAL_RETRANS_OFFSET, congestion_control, tcp_u32
+from lab.agents.workerbase import (
     LOWAT_BYTES,
     CollectiveError,
     accept,
@@ -33,7 +34,6 @@ from lab.agents.collective import (
     now,
     stamp,
 )
-from lab.agents.common import TOTAL_RETRANS_OFFSET, congestion_control, tcp_u32
 
 
 def _sleep_until(deadline: float) -> None:

@@ -57,7 +57,7 @@ gap is "idle") are the lab's to set per namespace, not this program's.
 
 This module is the command line only: the rank is :mod:`lab.agents.ring`, the sink and sender
 :mod:`lab.agents.incast`, and what they share (clock, fixed 5-tuples, connection records)
-:mod:`lab.agents.collective`.
+:mod:`lab.agents.workerbase`.
 """
 
 from __future__ import annotations
@@ -71,10 +71,10 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
-from lab.agents.collective import CollectiveError
 from lab.agents.common import StopRequestedError, catch_signals, ignore_signals, write_json
 from lab.agents.incast import IncastSender, IncastSink
 from lab.agents.ring import RingRank
+from lab.agents.workerbase import CollectiveError
 
 #: Exit status of a run that broke (peer gone, timeout) and of bad input.
 EXIT_FAILED, EXIT_USAGE = 1, 2
