@@ -21,9 +21,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lab import REPO_ROOT
 from lab.machine import ovs_service
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 RUNTIMES = ("os-ken", "ryu")
 
 

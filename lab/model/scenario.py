@@ -17,10 +17,8 @@ from typing import Any
 
 import yaml
 
+from lab import REPO_ROOT
 from lab.model.errors import ScenarioError
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
 
 #: How deep a scenario file or a ``--set`` value may nest, and how many values it may hold:
 #: real scenarios nest 4 deep (``phases.<name>.job.steps``) and hold a few dozen values.
