@@ -1,61 +1,39 @@
-"""The live-streaming incident, phase by phase, on one running edge network.
+"""The running edge: FRR routers and their counters on the fabric, driven phase by phase.
 
-Phases (``metrics.phases``, in this order):
-
-* ``before-upgrade`` - the old uplinks (``before.uplink_bw``), half the media servers, the
-  default L3 hash: every big stream from the origin to the main CDN node shares one uplink,
-  and it fits.
-* ``incident`` - uplinks upgraded (``topology.uplink_bw``), twice the servers, bigger
-  streams, the same hash: the big streams still share one uplink, which now saturates,
-  drops and stalls the viewers - while every interface and BGP session is up and the other
-  uplinks idle.
-* ``fix-hash`` - L4 hash (5-tuple) with a seed per router tier chosen by asking the
-  kernel (``ip route get``) where each stream would go; different seeds per tier avoid
-  polarisation (the same hash at two tiers sends all of a border's flows to one uplink).
-* ``fix-placement`` - L3 hash as before, and a route controller pins each big stream to the
-  least-loaded uplink by the rates measured in ``incident``.
-* ``failover-link`` / ``failover-border`` - the ``fix-hash`` set-up with the busiest uplink,
-  then a border router, cut silently mid-phase (BFD must notice) and restored later.
-
-Mechanism lives in ``lab.net.edge`` (topology), ``lab.net.edgecontrol`` (hash, pinning, cuts),
-``lab.measure.routerstats`` (router counters) and ``lab.agents.streamer`` (senders and players).
+``EdgeRun`` sets each phase up (uplink rates, the hash and its seeds, pinned routes), starts
+the players and senders, cuts and restores links for the failover phases and reads what the
+routers and the fabric counted; ``lab.kinds.streaming.metrics`` turns that into result.json.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import random
 import shlex
 import shutil
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from controllers.marking import htb_burst_bytes
 from lab import agents
-from lab.analysis import diagnose
+from lab.kinds.streaming import metrics
+from lab.kinds.streaming.plan import Stream
 from lab.machine import programs
 from lab.machine.progress import Ticker
 from lab.measure import routerstats, telemetry
 from lab.measure.window import Window
-from lab.model.errors import MachineError, ScenarioError
-from lab.model.flowpaths import adjacency, attachment, path_from_counters
-from lab.model.flows import FIXED_SPORTS, FlowSpec
-from lab.model.result import SCHEMA_VERSION
-from lab.model.scenario import Param, require
+from lab.model.errors import MachineError
+from lab.model.flowpaths import adjacency, attachment
 from lab.net import edgecontrol, frr
 from lab.net.edge import CORE, GATEWAY_IP
 from lab.net.edgecontrol import FiveTuple
+from lab.net.links import root_netem_delay_ms
 
 #: dccore's interface on the fabric (its port 0): where origin streams enter the routers.
 CORE_FABRIC_INTF = f"{CORE}-eth0"
-PHASES = ("before-upgrade", "incident", "fix-hash", "fix-placement", "failover-link",
-          "failover-border")
-PLAYER_PORT_BASE = 9000
 #: A seed search stops at the first seed pair whose predicted hottest uplink stays below
 #: this share of its rate.
 SEED_TARGET_UTIL = 0.7
@@ -64,124 +42,7 @@ SEED_TRIES = 64
 #: still as it was: the operator's confirmation of what the counters say.
 PROBE_PHASES = ("incident", "fix-hash")
 
-SCHEMA: dict[str, Param] = {
-    "streams.proto": Param(str, choices=("tcp", "udp")),
-    "streams.fps": Param(float, 1, 120),
-    "streams.ingest_mbps": Param(float, 0.1, 50),
-    "streams.normal_mbps": Param(float, 0.1, 50),
-    "streams.big_mbps": Param(float, 0.1, 100),
-    "streams.cc": Param(str, choices=("cubic", "reno", "bbr")),
-    "before.uplink_bw": Param(float, 1, 1000),
-    "before.servers": Param(int, 1, 32),
-    "before.big_streams": Param(int, 1, 32),
-    "before.big_mbps": Param(float, 0.1, 100),
-    "after.servers": Param(int, 1, 32),
-    "after.big_streams": Param(int, 1, 32),
-    "after.normal_streams": Param(int, 0, 32),
-    "failover.cut_at": Param(float, 0.5, 600),
-    "failover.restore_at": Param(float, 1, 600),
-    "phases": Param(str),
-}
 
-
-@dataclass
-class Stream:
-    """One live stream: who pushes it where, its 5-tuple and bitrate."""
-
-    id: str
-    phase: str
-    role: str            # ingest | big | normal
-    src: str
-    dst: str
-    src_ip: str
-    dst_ip: str
-    sport: int
-    dport: int
-    rate_mbps: float
-    proto: str
-    stream_id: int
-    index: int           # global index: its OVS watch cookies
-    summary: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def tuple(self) -> FiveTuple:
-        return FiveTuple(self.src_ip, self.dst_ip, self.proto, self.sport, self.dport)
-
-    def spec(self) -> FlowSpec:
-        return FlowSpec(id=self.id, src=self.src, dst=self.dst, src_ip=self.src_ip,
-                        dst_ip=self.dst_ip, proto=self.proto, sport=self.sport,
-                        dport=self.dport, rate_bps=self.rate_mbps * 1e6, kind="stream")
-
-
-def phase_names(params: dict[str, Any]) -> list[str]:
-    wanted = str(params.get("phases", "all"))
-    if wanted == "all":
-        return list(PHASES)
-    names = [p.strip() for p in wanted.split(",") if p.strip()]
-    if not names:
-        raise ScenarioError("phases", f"names no phase (give all, or some of: "
-                            f"{', '.join(PHASES)})")
-    for n in names:
-        if n not in PHASES:
-            raise ScenarioError("phases", f"unknown phase {n!r} (known: {', '.join(PHASES)})")
-    return [p for p in PHASES if p in names]
-
-
-def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> None:
-    """Cross-field checks the per-key schema cannot make."""
-    tp = topo_desc["params"]
-    if topo_desc["type"] != "streaming-edge":
-        raise ScenarioError("topology.type", "the streaming kind needs a streaming-edge topology")
-    # Every value but ``phases`` (default: all) is used and has no default.
-    require(params, [k for k in SCHEMA if k != "phases"], "streaming")
-    for key in ("before.servers", "after.servers"):
-        sec, leaf = key.split(".")
-        if params[sec][leaf] > tp["servers"]:
-            raise ScenarioError(key, f"{params[sec][leaf]} servers, but the topology has "
-                                f"{tp['servers']} (topology.servers)")
-    f = params["failover"]
-    if f["restore_at"] <= f["cut_at"]:
-        raise ScenarioError("failover.restore_at", "must come after failover.cut_at")
-    if f["restore_at"] >= params["duration"]:
-        raise ScenarioError("failover.restore_at", f"must fall inside the phase "
-                            f"(duration {params['duration']:g} s)")
-    phase_names(params)
-
-
-def plan(topo_desc: dict[str, Any], params: dict[str, Any],
-         rng: random.Random) -> list[Stream]:
-    """Every stream of every phase, 5-tuples drawn from the seed."""
-    check(params, topo_desc)
-    s, before, after = params["streams"], params["before"], params["after"]
-    ips = {h["name"]: h["ip"] for h in topo_desc["hosts"]}
-    ips.update({h["name"]: h["ip"] for h in topo_desc["external_hosts"]})
-    media = sorted((h["name"] for h in topo_desc["hosts"] if h.get("role") == "media"),
-                   key=lambda n: int(n[1:]))
-    origin = next(h["name"] for h in topo_desc["hosts"] if h.get("role") == "origin")
-    isps = topo_desc["params"]["isps"]
-    cdns = [f"cdn{i}" for i in range(1, isps + 1)]
-    out: list[Stream] = []
-    for p_index, phase in enumerate(phase_names(params)):
-        early = phase == "before-upgrade"
-        servers = before["servers"] if early else after["servers"]
-        mix = [("ingest", f"anchor{k % isps + 1}", media[k], s["ingest_mbps"])
-               for k in range(servers)]
-        big_n = before["big_streams"] if early else after["big_streams"]
-        big_rate = before["big_mbps"] if early else s["big_mbps"]
-        mix += [("big", origin, cdns[0], big_rate)] * big_n
-        normal_n = 0 if early else after["normal_streams"]
-        mix += [("normal", origin, cdns[(k + 1) % len(cdns)], s["normal_mbps"])
-                for k in range(normal_n)]
-        sports = rng.sample(FIXED_SPORTS, len(mix))
-        for k, (role, src, dst, rate) in enumerate(mix):
-            out.append(Stream(id=f"{phase}/{role}{k + 1}", phase=phase, role=role, src=src,
-                              dst=dst, src_ip=ips[src], dst_ip=ips[dst], sport=sports[k],
-                              dport=PLAYER_PORT_BASE + p_index, rate_mbps=float(rate),
-                              proto=s["proto"], stream_id=k + 1, index=len(out)))
-    return out
-
-
-# -- running ---------------------------------------------------------------------------------
 class EdgeRun:
     """The running edge: fabric, routers, counters; runs one phase after the other."""
 
@@ -262,7 +123,6 @@ class EdgeRun:
     def wan_delay(self) -> dict[str, float | None]:
         """{uplink port: one-way delay (ms) its root netem has}, read back from the kernel:
         what the uplinks got, not what was asked (without netem they get nothing)."""
-        from lab.net.links import root_netem_delay_ms
         out: dict[str, float | None] = {}
         for p in self.rports:
             if p.role != "uplink":
@@ -463,7 +323,8 @@ class EdgeRun:
         ovs = window.flow_deltas()
         nft = {n: routerstats.delta(nft1[n], nft0[n]) for n in nft1}
         links = window.links()
-        links += self.router_link_entries(before_r, after_r, measured_s, t_start, config)
+        links += metrics.router_link_entries(self.rports, self.rsampler.series, before_r,
+                                             after_r, measured_s, t_start, config)
         flows = [self.flow_entry(s, ovs, nft) for s in streams]
         marks.append(("collect", time.monotonic()))
         if phase in PROBE_PHASES:
@@ -640,104 +501,12 @@ class EdgeRun:
         return ln["subnet"]
 
     # -- result entries -----------------------------------------------------------------------
-    def router_link_entries(self, before: dict, after: dict, duration_s: float,
-                            t_start: float, config: dict[str, Any]) -> list[dict[str, Any]]:
-        entries = []
-        for p in self.rports:
-            b, a = before[p], after[p]
-            bw = config["uplink_bw_mbps"] if p.role == "uplink" else p.bw_mbps
-            tx = a.tx_bytes - b.tx_bytes
-            s = self.rsampler.series[p]
-            idx = [i for i, t in enumerate(s.t) if t_start <= t <= t_start + duration_s + 0.05]
-            bps = [round(s.tx_bps[i]) for i in idx]
-            entries.append({
-                "name": p.name, "node": p.node, "port": p.port, "peer": p.peer,
-                "intf": p.intf, "peer_intf": p.peer_intf, "role": p.role, "up": True,
-                "bw_mbps": bw, "tx_bytes": tx, "tx_packets": a.tx_packets - b.tx_packets,
-                "drops": a.drops - b.drops,
-                "util_mean": round(tx * 8 / duration_s / (bw * 1e6), 4),
-                "util_max": round(max(bps, default=0) / (bw * 1e6), 4),
-                "ce_marked": 0,          # the routers' queues do not mark
-                "series": {"t": [round(s.t[i] - t_start, 3) for i in idx], "tx_bps": bps}})
-        return entries
-
     def flow_entry(self, s: Stream, ovs: dict, nft: dict) -> dict[str, Any]:
-        spec = s.spec()
-        fwd, rev = spec.watch_entries(s.index)
-        hops = {sw: c.get(fwd["cookie"], (0, 0))[1] for sw, c in ovs.items()}
-        rhops = {sw: c.get(rev["cookie"], (0, 0))[1] for sw, c in ovs.items()}
-        att = self.att
-        path, clean = path_from_counters(hops, att.get(s.src, att[CORE]), self.adj)
-        rpath, _ = path_from_counters(rhops, att.get(s.dst, att[CORE]), self.adj)
+        """``s``'s entry in result.json, its hops between routers from the routers' counters."""
         key = (s.src_ip, s.dst_ip, s.proto, s.sport, s.dport)
-        router_hops = self.router_path(key, CORE if s.role != "ingest" else self.isp_of(s.src),
-                                       nft)
-        player = s.summary.get("player") or {}
-        sender = s.summary.get("sender") or {}
-        first_bytes = hops.get(path[0], 0) if path else 0
-        nodes: list[str] = []
-        for h in router_hops:
-            nodes += [n for n in (h["from"], h["to"]) if n not in nodes]
-        entry = {
-            "id": s.id, "kind": "stream", "role": s.role, "phase": s.phase, "src": s.src,
-            "dst": s.dst, "src_ip": s.src_ip, "dst_ip": s.dst_ip, "proto": s.proto,
-            "sport": s.sport, "dport": s.dport, "offered_bps": s.rate_mbps * 1e6,
-            "path": path, "path_clean": clean, "hop_bytes": {sw: hops[sw] for sw in path},
-            "reverse_path": rpath, "reverse_hop_bytes": {sw: rhops[sw] for sw in rpath},
-            "router_hops": router_hops,
-            # Every node in travel order: the fabric's switches, then the routers (or the
-            # other way round for an anchor's push into the DC).
-            "full_path": path + nodes if s.role != "ingest" else nodes + path,
-            "uplinks": [h["link"] for h in router_hops if h["role"] == "uplink"],
-            "bytes": first_bytes or (router_hops[0]["sent"] if router_hops else 0),
-            "goodput_bps": player.get("goodput_bps", 0.0),
-            "loss": round(sum(h["lost"] for h in router_hops)
-                          / max(1, router_hops[0]["sent"]), 5) if router_hops else 0.0,
-            "retransmits": ((sender.get("tcp") or {}).get("total_retrans", 0)),
-            "stalls": player.get("stalls", 0), "stall_s": player.get("stall_s", 0.0),
-            "frames_expected": player.get("frames_expected", 0),
-            "frames_lost": player.get("frames_lost", 0),
-            "lost_pct": player.get("lost_pct", 100.0 if not player else 0.0),
-            "jitter_ms": player.get("jitter_ms"), "max_gap_s": player.get("max_gap_s"),
-            "max_gap_start_unix": player.get("max_gap_start_unix"),
-            "end_reason": player.get("end_reason"), "received": bool(player),
-            # The player's timeline, so a report can draw when each stall happened.
-            "playout": {k: player.get(k) for k in ("first_arrival_unix", "startup_delay_s",
-                                                    "play_end_s", "stall_events")},
-        }
-        return entry
-
-    def router_path(self, key: tuple, start: str, nft: dict) -> list[dict[str, Any]]:
-        """The links the flow crossed between routers, from the routers' own counters.
-
-        Every link a router sent the flow out of is listed (more than one per router after
-        a failover); ``sent`` is what the sending router counted leaving, ``arrived`` what
-        the far router counted coming in, ``lost`` the difference.
-        """
-        routers = set(self.routers)
-        out = []
-        todo, seen = [start], set()
-        while todo:
-            node = todo.pop(0)
-            if node in seen:
-                continue
-            seen.add(node)
-            for intf in self.intfs[node]:
-                sent = nft[node].get((intf, "out"), {}).get(key, 0)
-                if sent <= 0:
-                    continue
-                port = self.port_at.get((node, intf))
-                if port is None:
-                    continue          # the fabric side: counted by OVS
-                peer, pintf, role = port.peer, port.peer_intf, port.role
-                arrived = nft[peer].get((pintf, "in"), {}).get(key, 0) if peer in routers \
-                    else None
-                out.append({"link": f"{intf}->{pintf}", "from": node, "to": peer,
-                            "role": role, "sent": sent, "arrived": arrived,
-                            "lost": max(0, sent - arrived) if arrived is not None else 0})
-                if peer in routers:
-                    todo.append(peer)
-        return out
+        start = CORE if s.role != "ingest" else self.isp_of(s.src)
+        router_hops = metrics.router_path(self.intfs, self.port_at, key, start, nft)
+        return metrics.flow_entry(s, ovs, self.att, self.adj, router_hops)
 
 
 class RouteWatch(threading.Thread):
@@ -768,160 +537,3 @@ class RouteWatch(threading.Thread):
     def stop(self) -> None:
         self._stop_evt.set()
         self.join(timeout=5)
-
-
-# -- the whole run -----------------------------------------------------------------------------
-def run(plan_: Any, fabric: Any, progress: Any, _prepared: Any = None) -> dict[str, Any]:
-    """Bring the edge up (fabric, FRR routers, BGP), then the phases one after another."""
-    fabric.gateways = frozenset({CORE})
-    progress(f"bringing up streaming-edge: {len(plan_.topo_desc['switches'])} switches, "
-             f"{len(plan_.topo_desc['routers'])} FRR routers, controller "
-             f"{plan_.runtime}")
-    fabric.start()
-    edge = EdgeRun(plan_, fabric, progress)
-    timings = edge.start_routing()
-    progress(f"BGP up: sessions in {timings['bgp_established_s']:.2f} s, multipath "
-             f"routes in {timings['routing_ready_s']:.2f} s")
-    bgp = edge.bgp_state()
-    wan = edge.wan_delay()
-    watch = [e for s in edge.streams for e in s.spec().watch_entries(s.index)]
-    reply = fabric.controller.request({"cmd": "watch", "flows": watch})
-    if not reply.get("ok"):
-        raise MachineError("controller", str(reply.get("error")))
-    edge.start_sampling()
-    phases: dict[str, Any] = {}
-    measured: dict[str, float] = {}
-    try:
-        for i, phase in enumerate(phase_names(plan_.params)):
-            phases[phase] = edge.run_phase(phase, i, measured)
-            if phase == "incident":
-                measured = {f["id"]: f["bytes"] * 8 / phases[phase]["duration_s"] / 1e6
-                            for f in phases[phase]["flows"]}
-            progress(f"[{phase}] " + _phase_line(phase_metrics(phases[phase])))
-    finally:
-        edge.sampler.stop()
-        edge.rsampler.stop()
-    bgp_after = edge.bgp_state()
-    return assemble(plan_, phases, bgp, bgp_after, timings, wan)
-
-
-def wan_fidelity(asked_ms: float, got: dict[str, float | None]
-                 ) -> tuple[dict[str, Any], str | None]:
-    """``fidelity`` entries for the uplinks' WAN delay, and a note when it is not what was
-    asked: ``wan_delay`` is ``netem`` only when every uplink's root netem has the delay."""
-    values = sorted({v for v in got.values() if v is not None})
-    entries: dict[str, Any] = {"wan_delay_ms_asked": asked_ms, "wan_delay_ms": values}
-    if asked_ms and got and all(v is not None and abs(v - asked_ms) < 1e-3 for v in got.values()):
-        return {"wan_delay": "netem", **entries}, None
-    if not asked_ms:
-        return {"wan_delay": "none (not asked)", **entries}, None
-    if not any(v is not None for v in got.values()):
-        return ({"wan_delay": "none (no netem)", **entries},
-                f"no netem: the ISPs' WAN links have no delay ({asked_ms:g} ms asked)")
-    wrong = sorted(k for k, v in got.items() if v is None or abs(v - asked_ms) >= 1e-3)
-    return ({"wan_delay": "partial", **entries},
-            f"WAN delay {asked_ms:g} ms asked, but {', '.join(wrong)} read back otherwise")
-
-
-def keep_logs(work: Path, out_dir: Path) -> None:
-    """The routers' logs and the streams' JSON (the controller's log is kept by every run)."""
-    for log in work.glob("*/*.log"):
-        (out_dir / "frr" / log.parent.name).mkdir(parents=True, exist_ok=True)
-        shutil.copy(log, out_dir / "frr" / log.parent.name / log.name)
-    if (work / "streams").is_dir():
-        shutil.copytree(work / "streams", out_dir / "streams", dirs_exist_ok=True)
-
-
-def phase_metrics(ph: dict[str, Any]) -> dict[str, Any]:
-    """A phase's summary (frames lost, stalls, the hottest uplink), plus what explains it."""
-    flows = ph["flows"]
-    uplinks = {ln["name"]: ln for ln in ph["links"] if ln.get("role") == "uplink"
-               and ln["node"].startswith("border")}
-    expected = sum(f["frames_expected"] for f in flows)
-    lost = sum(f["frames_lost"] for f in flows)
-    hot = max(uplinks.values(), key=lambda ln: ln["util_mean"], default=None)
-    cap = sum(ln["bw_mbps"] * 1e6 for ln in uplinks.values())
-    used = sum(ln["tx_bytes"] * 8 / ph["duration_s"] for ln in uplinks.values())
-    out = {
-        "stalls": sum(f["stalls"] for f in flows),
-        "stall_s": round(sum(f["stall_s"] for f in flows), 3),
-        "uplinks": {n: ln["util_mean"] for n, ln in uplinks.items()},
-        "uplink_drops": {n: ln["drops"] for n, ln in uplinks.items()},
-        "streams_lost_pct": round(100 * lost / expected, 3) if expected else 0.0,
-        "fidelity_valid": ph["cpu_idle_min_pct"] >= telemetry.MIN_CPU_IDLE_PCT
-        and all(f["received"] for f in flows),
-        "fidelity_window_s": ph.get("fidelity_window_s"),
-        "hottest_uplink": hot["name"] if hot else None,
-        "hottest_util": hot["util_mean"] if hot else 0.0,
-        "uplinks_idle": sorted(n for n, ln in uplinks.items() if ln["util_mean"] < 0.05),
-        "capacity_used": round(used / cap, 4) if cap else 0.0,
-        "offered_mbps": round(sum(f["offered_bps"] for f in flows) / 1e6, 3),
-        "streams": len(flows),
-        "stalled_streams": sorted(f["id"] for f in flows if f["stalls"] > 0),
-        "retransmits": sum(f["retransmits"] for f in flows),
-        "config": ph["config"],
-    }
-    if ph["events"]:
-        ev = ph["events"]
-        crossing = [f for f in flows if any(ev["cut"] in (h["link"], h["from"], h["to"])
-                                           for h in f["router_hops"])]
-        out["failover"] = {
-            **{k: v for k, v in ev.items() if not k.endswith("_unix")},
-            "streams_on_cut": sorted(f["id"] for f in crossing),
-            "outage_s": {f["id"]: round(f["max_gap_s"] or 0.0, 3) for f in crossing},
-            # Silently lost: the player never saw it, or it ended without its sender's
-            # clean close (TCP) / end marker (UDP), or frames went missing unaccounted.
-            "streams_lost": sorted(f["id"] for f in flows if not f["received"]
-                                   or f["end_reason"] not in ("eof", "end-marker")),
-        }
-    return out
-
-
-def _phase_line(mt: dict[str, Any]) -> str:
-    return (f"stalls {mt['stalls']} ({mt['stall_s']:.1f} s), lost {mt['streams_lost_pct']:.2f}%, "
-            f"hottest uplink {mt['hottest_uplink']} {mt['hottest_util'] * 100:.0f}% "
-            f"({mt['uplink_drops'].get(mt['hottest_uplink'], 0)} drops), "
-            f"{len(mt['uplinks_idle'])} of {len(mt['uplinks'])} uplinks idle")
-
-
-def assemble(plan_: Any, phases: dict[str, Any], bgp: dict[str, Any],
-             bgp_after: dict[str, Any], timings: dict[str, Any],
-             wan: dict[str, float | None]) -> dict[str, Any]:
-    """result.json: top-level links/flows are the incident's (what diagnose explains);
-    every phase's own are under ``phase_details``."""
-    main = phases.get("incident") or next(iter(phases.values()))
-    metrics: dict[str, Any] = {"phases": {n: phase_metrics(p) for n, p in phases.items()},
-                               "bgp": bgp, "bgp_after": bgp_after}
-    valid = all(m["fidelity_valid"] for m in metrics["phases"].values())
-    notes = list(plan_.env.notes)
-    for n, p in phases.items():
-        if p["cpu_idle_min_pct"] < telemetry.MIN_CPU_IDLE_PCT:
-            notes.append(f"{n}: CPU-bound ({p['cpu_idle_min_pct']:.0f}% idle)")
-    wan_fields, wan_note = wan_fidelity(float(plan_.topo_desc["params"].get("wan_delay_ms", 0)),
-                                        wan)
-    if wan_note:
-        notes.append(wan_note)
-    result = {
-        "schema": SCHEMA_VERSION, "kind": "streaming", "scenario": plan_.scenario.name,
-        **plan_.policy_fields(), "seed": int(plan_.params["seed"]),
-        "duration_s": main["duration_s"], "phase": "incident" if "incident" in phases
-        else next(iter(phases)),
-        "environment": plan_.env.as_result(), "topology": plan_.topo_desc,
-        "params": plan_.params, "links": main["links"], "flows": main["flows"],
-        "metrics": metrics, "timings": timings,
-        "phase_details": phases,
-        "fidelity": {"cpu_idle_min_pct": min(p["cpu_idle_min_pct"] for p in phases.values()),
-                     "lab_cpu_pct": telemetry.worst_lab_cpu_pct(
-                         p["lab_cpu_pct"] for p in phases.values()),
-                     "valid": valid, "notes": notes, **wan_fields},
-    }
-    result["fidelity"]["datapath_loss_bytes"] = diagnose.unexplained_loss(result)
-    return result
-
-
-def analyse(result: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    return result["metrics"]
-
-
-def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(name, _phase_line(mt)) for name, mt in result["metrics"]["phases"].items()]

@@ -1,0 +1,35 @@
+"""The live-streaming incident, phase by phase, on one running edge network.
+
+Phases (``metrics.phases``, in this order):
+
+* ``before-upgrade`` - the old uplinks (``before.uplink_bw``), half the media servers, the
+  default L3 hash: every big stream from the origin to the main CDN node shares one uplink,
+  and it fits.
+* ``incident`` - uplinks upgraded (``topology.uplink_bw``), twice the servers, bigger
+  streams, the same hash: the big streams still share one uplink, which now saturates,
+  drops and stalls the viewers - while every interface and BGP session is up and the other
+  uplinks idle.
+* ``fix-hash`` - L4 hash (5-tuple) with a seed per router tier chosen by asking the
+  kernel (``ip route get``) where each stream would go; different seeds per tier avoid
+  polarisation (the same hash at two tiers sends all of a border's flows to one uplink).
+* ``fix-placement`` - L3 hash as before, and a route controller pins each big stream to the
+  least-loaded uplink by the rates measured in ``incident``.
+* ``failover-link`` / ``failover-border`` - the ``fix-hash`` set-up with the busiest uplink,
+  then a border router, cut silently mid-phase (BFD must notice) and restored later.
+
+Mechanism lives in ``lab.net.edge`` (topology), ``lab.net.edgecontrol`` (hash, pinning, cuts),
+``lab.measure.routerstats`` (router counters) and ``lab.agents.streamer`` (senders and players).
+
+The package: ``plan`` (the scenario's keys, its phases and their streams), ``edgerun`` (the
+running edge, driven phase by phase), ``runner`` (the run and the logs kept) and ``metrics``
+(result.json and the lines ``fabriclab run`` prints).
+"""
+
+from __future__ import annotations
+
+from lab.kinds.streaming.metrics import analyse, summary_rows, wan_fidelity
+from lab.kinds.streaming.plan import PHASES, SCHEMA, plan
+from lab.kinds.streaming.runner import keep_logs, run
+
+__all__ = ["PHASES", "SCHEMA", "analyse", "keep_logs", "plan", "run", "summary_rows",
+           "wan_fidelity"]

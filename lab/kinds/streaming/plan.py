@@ -1,0 +1,133 @@
+"""The streaming kind's scenario and its streams: the keys it takes, the phases it runs and every
+stream of every phase, 5-tuples drawn from the seed - checked before anything starts."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from lab.model.errors import ScenarioError
+from lab.model.flows import FIXED_SPORTS, FlowSpec
+from lab.model.scenario import Param, require
+from lab.net.edgecontrol import FiveTuple
+
+PHASES = ("before-upgrade", "incident", "fix-hash", "fix-placement", "failover-link",
+          "failover-border")
+PLAYER_PORT_BASE = 9000
+
+SCHEMA: dict[str, Param] = {
+    "streams.proto": Param(str, choices=("tcp", "udp")),
+    "streams.fps": Param(float, 1, 120),
+    "streams.ingest_mbps": Param(float, 0.1, 50),
+    "streams.normal_mbps": Param(float, 0.1, 50),
+    "streams.big_mbps": Param(float, 0.1, 100),
+    "streams.cc": Param(str, choices=("cubic", "reno", "bbr")),
+    "before.uplink_bw": Param(float, 1, 1000),
+    "before.servers": Param(int, 1, 32),
+    "before.big_streams": Param(int, 1, 32),
+    "before.big_mbps": Param(float, 0.1, 100),
+    "after.servers": Param(int, 1, 32),
+    "after.big_streams": Param(int, 1, 32),
+    "after.normal_streams": Param(int, 0, 32),
+    "failover.cut_at": Param(float, 0.5, 600),
+    "failover.restore_at": Param(float, 1, 600),
+    "phases": Param(str),
+}
+
+
+@dataclass
+class Stream:
+    """One live stream: who pushes it where, its 5-tuple and bitrate."""
+
+    id: str
+    phase: str
+    role: str            # ingest | big | normal
+    src: str
+    dst: str
+    src_ip: str
+    dst_ip: str
+    sport: int
+    dport: int
+    rate_mbps: float
+    proto: str
+    stream_id: int
+    index: int           # global index: its OVS watch cookies
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tuple(self) -> FiveTuple:
+        return FiveTuple(self.src_ip, self.dst_ip, self.proto, self.sport, self.dport)
+
+    def spec(self) -> FlowSpec:
+        return FlowSpec(id=self.id, src=self.src, dst=self.dst, src_ip=self.src_ip,
+                        dst_ip=self.dst_ip, proto=self.proto, sport=self.sport,
+                        dport=self.dport, rate_bps=self.rate_mbps * 1e6, kind="stream")
+
+
+def phase_names(params: dict[str, Any]) -> list[str]:
+    wanted = str(params.get("phases", "all"))
+    if wanted == "all":
+        return list(PHASES)
+    names = [p.strip() for p in wanted.split(",") if p.strip()]
+    if not names:
+        raise ScenarioError("phases", f"names no phase (give all, or some of: "
+                            f"{', '.join(PHASES)})")
+    for n in names:
+        if n not in PHASES:
+            raise ScenarioError("phases", f"unknown phase {n!r} (known: {', '.join(PHASES)})")
+    return [p for p in PHASES if p in names]
+
+
+def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> None:
+    """Cross-field checks the per-key schema cannot make."""
+    tp = topo_desc["params"]
+    if topo_desc["type"] != "streaming-edge":
+        raise ScenarioError("topology.type", "the streaming kind needs a streaming-edge topology")
+    # Every value but ``phases`` (default: all) is used and has no default.
+    require(params, [k for k in SCHEMA if k != "phases"], "streaming")
+    for key in ("before.servers", "after.servers"):
+        sec, leaf = key.split(".")
+        if params[sec][leaf] > tp["servers"]:
+            raise ScenarioError(key, f"{params[sec][leaf]} servers, but the topology has "
+                                f"{tp['servers']} (topology.servers)")
+    f = params["failover"]
+    if f["restore_at"] <= f["cut_at"]:
+        raise ScenarioError("failover.restore_at", "must come after failover.cut_at")
+    if f["restore_at"] >= params["duration"]:
+        raise ScenarioError("failover.restore_at", f"must fall inside the phase "
+                            f"(duration {params['duration']:g} s)")
+    phase_names(params)
+
+
+def plan(topo_desc: dict[str, Any], params: dict[str, Any],
+         rng: random.Random) -> list[Stream]:
+    """Every stream of every phase, 5-tuples drawn from the seed."""
+    check(params, topo_desc)
+    s, before, after = params["streams"], params["before"], params["after"]
+    ips = {h["name"]: h["ip"] for h in topo_desc["hosts"]}
+    ips.update({h["name"]: h["ip"] for h in topo_desc["external_hosts"]})
+    media = sorted((h["name"] for h in topo_desc["hosts"] if h.get("role") == "media"),
+                   key=lambda n: int(n[1:]))
+    origin = next(h["name"] for h in topo_desc["hosts"] if h.get("role") == "origin")
+    isps = topo_desc["params"]["isps"]
+    cdns = [f"cdn{i}" for i in range(1, isps + 1)]
+    out: list[Stream] = []
+    for p_index, phase in enumerate(phase_names(params)):
+        early = phase == "before-upgrade"
+        servers = before["servers"] if early else after["servers"]
+        mix = [("ingest", f"anchor{k % isps + 1}", media[k], s["ingest_mbps"])
+               for k in range(servers)]
+        big_n = before["big_streams"] if early else after["big_streams"]
+        big_rate = before["big_mbps"] if early else s["big_mbps"]
+        mix += [("big", origin, cdns[0], big_rate)] * big_n
+        normal_n = 0 if early else after["normal_streams"]
+        mix += [("normal", origin, cdns[(k + 1) % len(cdns)], s["normal_mbps"])
+                for k in range(normal_n)]
+        sports = rng.sample(FIXED_SPORTS, len(mix))
+        for k, (role, src, dst, rate) in enumerate(mix):
+            out.append(Stream(id=f"{phase}/{role}{k + 1}", phase=phase, role=role, src=src,
+                              dst=dst, src_ip=ips[src], dst_ip=ips[dst], sport=sports[k],
+                              dport=PLAYER_PORT_BASE + p_index, rate_mbps=float(rate),
+                              proto=s["proto"], stream_id=k + 1, index=len(out)))
+    return out
