@@ -28,8 +28,8 @@ running edge, driven phase by phase), ``runner`` (the run and the logs kept) and
 from __future__ import annotations
 
 from lab.kinds.streaming.metrics import analyse, summary_rows, wan_fidelity
-from lab.kinds.streaming.plan import PHASES, SCHEMA, plan
 from lab.kinds.streaming.runner import keep_logs, run
+from lab.kinds.streaming.streamplan import PHASES, SCHEMA, plan
 
 __all__ = ["PHASES", "SCHEMA", "analyse", "keep_logs", "plan", "run", "summary_rows",
            "wan_fidelity"]

@@ -20,7 +20,7 @@ from typing import Any
 from controllers.marking import htb_burst_bytes
 from lab import agents
 from lab.kinds.streaming import metrics
-from lab.kinds.streaming.plan import Stream
+from lab.kinds.streaming.streamplan import Stream
 from lab.machine import programs
 from lab.machine.progress import Ticker
 from lab.measure import routerstats, telemetry

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lab.analysis import diagnose
-from lab.kinds.streaming.plan import Stream
+from lab.kinds.streaming.streamplan import Stream
 from lab.measure import telemetry
 from lab.measure.routerstats import RouterPort, Series
 from lab.model.flowpaths import path_from_counters

@@ -9,7 +9,7 @@ from typing import Any
 
 from lab.kinds.streaming.edgerun import EdgeRun
 from lab.kinds.streaming.metrics import assemble, phase_line, phase_metrics
-from lab.kinds.streaming.plan import phase_names
+from lab.kinds.streaming.streamplan import phase_names
 from lab.model.errors import MachineError
 from lab.net.edge import CORE
 
