@@ -32,9 +32,9 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "out"
 FABRICLAB = [sys.executable, "-m", "lab.cli"]
 SCENARIO = "ecmp-polarisation"
-#: ``traffic.flows`` is capped here by the ecmp kind's schema (lab/kinds/ecmp.py).
+#: ``traffic.flows`` is capped here by the ecmp kind's schema (lab/kinds/ecmp/__init__.py).
 MAX_FLOWS = 128
-#: The line ``lab.run.bring_up`` prints once the lab lock is held: the time before it is
+#: The line ``lab.kinds.base.bring_up`` prints once the lab lock is held: the time before it is
 #: waiting for other engineers' runs, not this fabric's cost.
 STARTED_MARK = "bringing up"
 #: The policy measured: the controller installs every flow on packet-in, so it is the one
