@@ -22,10 +22,11 @@ from mininet.log import setLogLevel
 from mininet.net import Mininet
 from mininet.node import OVSSwitch
 
+from controllers.config import build as controller_config
 from lab import run
 from lab.machine import environment, state
 from lab.net.controller import Controller
-from lab.net.fabric import LabControllerRef, controller_config, ping_all, planned_names
+from lab.net.fabric import LabControllerRef, ping_all, planned_names
 from lab.net.topologies import describe, make_topology
 
 CASES = {

@@ -100,6 +100,42 @@ class Config:
                 "links": [asdict(lk) for lk in self.links]}
 
 
+def build(topo_desc: dict, policy: str, seed: int, gateways: frozenset[str] = frozenset(),
+          ecn: str = "none", build_dir: str = "") -> dict[str, object]:
+    """The config the lab writes for a topology description (``lab.net.topologies.describe``):
+    what the controller needs to program L3 ECMP forwarding, no guessing on its side. Built
+    here, beside ``parse``, so the file's two ends are one contract.
+
+    ``gateways`` are hosts that route for addresses outside the fabric (a router's
+    fabric-facing interface): frames sent to their MAC are forwarded to them.
+    """
+    switch_names = {s["name"] for s in topo_desc["switches"]}
+    hosts = []
+    fabric_links = []
+    for link in topo_desc["links"]:
+        a, b = link["a"], link["b"]
+        if a in switch_names and b in switch_names:
+            fabric_links.append({k: link[k] for k in ("a", "a_port", "b", "b_port")})
+        else:
+            host, sw, port = (a, b, link["b_port"]) if b in switch_names else (b, a,
+                                                                                link["a_port"])
+            hosts.append((host, sw, port))
+    by_name = {h["name"]: h for h in topo_desc["hosts"]}
+    switch_ports = [{"switch": node, "port": port, "intf": f"{node}-eth{port}",
+                     "rate_bps": int(link["bw_mbps"] * 1e6), "limit_bytes": link["queue_bytes"]}
+                    for link in topo_desc["links"]
+                    for node, port in ((link["a"], link["a_port"]), (link["b"], link["b_port"]))
+                    if node in switch_names]
+    return {
+        "ports": switch_ports, "ecn": {"mechanism": ecn, "build_dir": build_dir},
+        "policy": policy, "seed": seed,
+        "switches": [{"name": s["name"], "dpid": s["dpid"]} for s in topo_desc["switches"]],
+        "hosts": [{"name": h, "ip": by_name[h]["ip"], "mac": by_name[h]["mac"], "switch": sw,
+                   "port": port, "gateway": h in gateways} for h, sw, port in hosts],
+        "links": fabric_links,
+    }
+
+
 def _get(obj: dict[str, Any], key: str, where: str) -> Any:
     if key not in obj:
         raise ConfigError(f"{where}.{key}: missing")

@@ -26,6 +26,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from controllers import runtime_select
+
 APP = "controllers.fabric_app"
 OFP_HOST = "127.0.0.1"
 #: Echo every switch each second and drop it after this many unanswered. Not only for hung
@@ -41,7 +43,7 @@ LOG = logging.getLogger("fabriclab.launch")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m controllers.launch",
                                 description="Run the FabricLab ECMP controller.")
-    p.add_argument("--runtime", choices=("os-ken", "ryu"), required=True)
+    p.add_argument("--runtime", choices=tuple(runtime_select.RUNTIMES), required=True)
     p.add_argument("--config", required=True, help="controller config (JSON, from the lab)")
     p.add_argument("--ofp-port", type=int, required=True,
                    help="OpenFlow TCP port to listen on (on 127.0.0.1 only)")
@@ -101,7 +103,6 @@ def main(argv: list[str] | None = None) -> int:
         LOG.error("%s", exc)
         return 2
 
-    from controllers import runtime_select
     # Patch first, before the rest of the runtime is imported (cheaper, and nothing can
     # have grabbed an unpatched socket or lock yet).
     importlib.import_module(f"{runtime_select.package(args.runtime)}.lib.hub").patch()

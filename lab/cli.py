@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lab.machine.environment import RUNTIMES
 from lab.model.errors import LabError
 
 EXIT_BAD_INPUT = 2
@@ -264,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     _vm_parser(sub)
     d = sub.add_parser("doctor", help="what this kernel offers and what the lab will use")
     d.add_argument("--json", action="store_true")
-    d.add_argument("--controller", choices=("os-ken", "ryu"))
+    d.add_argument("--controller", choices=RUNTIMES)
     d.set_defaults(func=_cmd_doctor)
     return p
 
@@ -281,7 +282,7 @@ def _run_parser(sub: Subparsers) -> None:
     r.add_argument("--duration", type=float, help="traffic phase in seconds")
     r.add_argument("--seed", type=int)
     r.add_argument("--out", help="result directory (default results/<scenario>-<time>/)")
-    r.add_argument("--controller", choices=("os-ken", "ryu"), help="controller runtime")
+    r.add_argument("--controller", choices=RUNTIMES, help="controller runtime")
     r.set_defaults(func=_cmd_run)
 
 
@@ -351,7 +352,7 @@ def _topo_parser(sub: Subparsers) -> None:
     t.add_argument("--fabric-bw", type=float)
     t.add_argument("--policy", default="ovs-select")
     t.add_argument("--seed", type=int, default=1)
-    t.add_argument("--controller", choices=("os-ken", "ryu"))
+    t.add_argument("--controller", choices=RUNTIMES)
     t.add_argument("--cli", action="store_true", help="open Mininet's CLI on the fabric")
     t.add_argument("--workers", type=int, metavar="N",
                    help="start nothing: print how the fabric splits over N machines "
@@ -375,7 +376,7 @@ def _vm_parser(sub: Subparsers) -> None:
     vr.add_argument("--duration", type=float)
     vr.add_argument("--seed", type=int)
     vr.add_argument("--out", help="result directory on this machine")
-    vr.add_argument("--controller", choices=("os-ken", "ryu"))
+    vr.add_argument("--controller", choices=RUNTIMES)
     ve = vsub.add_parser("exec", help="run a command in the VM (in the checkout, after "
                                       "set-up); its output and exit status come back")
     ve.add_argument("--out", help="a folder on this machine the guest sees as /mnt/out")

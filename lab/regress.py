@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
+from lab import kinds
 from lab.model.errors import LabError
+from lab.model.stats import percentile
 
 BASELINE_SCHEMA = "fabriclab-baseline/1"
 DEFAULT_SCENARIOS = ("ecmp-basic", "ecmp-one-pair", "allreduce-ecmp")
@@ -65,38 +67,11 @@ def metric_of(key: str) -> Metric:
 
 # -- what one emulated result says -------------------------------------------------------------
 
-def _ecmp(result: dict[str, Any]) -> dict[str, float]:
-    mt = result["metrics"]
-    n_uplinks = max(len(mt["flows_per_uplink"]), 1)
-    fair = math.ceil(len(result["flows"]) / n_uplinks)
-    return {"imbalance": mt["imbalance"],
-            "collisions": float(max(0, mt["max_flows_per_uplink"] - fair)),
-            "drops": float(sum(mt["uplink_drops"].values())),
-            "goodput_shortfall": mt["goodput_shortfall"]}
-
-
-def _collective(result: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    for name, mt in result["metrics"]["phases"].items():
-        if mt.get("paths") != "hash":
-            continue                  # pinned by the lab: no policy decides these paths
-        for key in ("step_p99_s", "gpu_idle_fraction", "drops"):
-            out[f"{name}.{key}"] = float(mt[key])
-    return out
-
-
-def _streaming(result: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    for name, mt in result["metrics"]["phases"].items():
-        out[f"{name}.stalls"] = float(mt["stalls"])
-        out[f"{name}.drops"] = float(sum(mt.get("uplink_drops", {}).values()))
-    return out
-
-
 def extract(result: dict[str, Any]) -> dict[str, float]:
-    """The regression metrics of one result, by its kind."""
-    kind = result.get("kind", "ecmp")
-    return {"ecmp": _ecmp, "collective": _collective, "streaming": _streaming}[kind](result)
+    """The regression metrics of one result, as its kind defines them (``regress_metrics``;
+    results from before kinds existed are ``ecmp``). Keys are ``METRICS`` names, prefixed
+    with a phase for phased kinds."""
+    return kinds.get(result.get("kind") or "ecmp").regress_metrics(result)
 
 
 # -- many trials -------------------------------------------------------------------------------
@@ -113,11 +88,11 @@ class Stat:
 
     @property
     def p50(self) -> float:
-        return _quantile(self.values, 0.5)
+        return percentile(self.values, 50)
 
     @property
     def p95(self) -> float:
-        return _quantile(self.values, 0.95)
+        return percentile(self.values, 95)
 
     @property
     def max(self) -> float:
@@ -126,17 +101,6 @@ class Stat:
     def as_dict(self) -> dict[str, Any]:
         return {"values": self.values, "mean": round(self.mean, 6), "p50": round(self.p50, 6),
                 "p95": round(self.p95, 6), "max": round(self.max, 6)}
-
-
-def _quantile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile (numpy's default), 0 for no values."""
-    if not values:
-        return 0.0
-    s = sorted(values)
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 @dataclass

@@ -12,18 +12,17 @@ import json
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controllers import policies
 from lab import kinds
+from lab.kinds.base import Plan, Progress
 from lab.machine import environment, state
 from lab.model import scenario
 from lab.model.errors import MachineError
-from lab.model.flows import FlowSpec
 from lab.model.policies import policy_names
 from lab.model.result import validate
 from lab.net.fabric import Fabric
@@ -34,40 +33,6 @@ from lab.net.topologies import build_defaults, describe, make_topology, refuse_w
 MIN_CPU_IDLE_PCT = 10.0
 SAMPLE_HZ = 10.0
 
-Progress = Callable[[str], None]
-
-
-@dataclass
-class Plan:
-    """A fully validated run: nothing has been started yet."""
-
-    scenario: scenario.Scenario
-    kind: Any
-    params: dict[str, Any]
-    policy: str
-    topo_desc: dict[str, Any]
-    flows: list[FlowSpec]
-    env: environment.Environment
-    runtime: str
-
-    def topology(self):
-        return make_topology(self.params["topology"])
-
-    @property
-    def policy_label(self) -> str:
-        """The policy's name: what results, directories and progress lines call it.
-
-        ``policy`` itself may be a user's ``file.py:Class``, which is what the controller
-        must be given but is no name for a directory.
-        """
-        return policies.resolve(self.policy).name
-
-    def policy_fields(self) -> dict[str, str]:
-        """``policy`` (and ``policy_file`` for a user's policy) for result.json."""
-        fields = {"policy": self.policy_label}
-        if policies.is_file_spec(self.policy):
-            fields["policy_file"] = self.policy
-        return fields
 
 
 @dataclass

@@ -13,9 +13,11 @@ This runs inside hosts: standard library only, nothing of the lab.
 from __future__ import annotations
 
 import json
+import math
 import signal
 import socket
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -123,3 +125,15 @@ def congestion_control(sock: socket.socket) -> str:
     """The congestion control a socket really uses (the system's default unless set)."""
     raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
     return raw.split(b"\0", 1)[0].decode()
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (q in 0..100), linearly interpolated between order statistics
+    (numpy's default); None if empty. The one percentile of the lab and its agents."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)

@@ -32,6 +32,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from lab.agents.common import percentile
+
 #: Version of the JSON summaries written by ``lab.agents.streamer``.
 SUMMARY_SCHEMA = 1
 
@@ -536,17 +538,6 @@ def _timeline(arr: Sequence[float], consumed: Sequence[float], events: Sequence[
 # --------------------------------------------------------------------------------------------
 # Statistics
 # --------------------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile, linearly interpolated between order statistics; None if empty."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def rfc3550_jitter(samples: Sequence[tuple[float, float]]) -> float | None:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from controllers import routing
+from controllers import config, routing
 from controllers.policies.base import FlowKey, HashPolicy
 from lab.analysis.bins import expected_max_load, imbalance, prob_max_at_most, prob_unbalanced
 from lab.model.flows import BASE_DPORT
@@ -409,15 +409,14 @@ def _controller_view(topo_desc: Mapping[str, Any]) -> Mapping[str, Any]:
     """The controller config's shape of a topology, which ``controllers.routing`` reads.
 
     ``lab.net.topologies.describe`` lists host links among the links and hosts without their
-    switch; ``lab.net.fabric.controller_config`` is the one place that turns it into what the
+    switch; ``controllers.config.build`` is the one place that turns it into what the
     controller gets, so the routes here are the controller's own. A dict already in the
     controller's shape (hosts carry ``switch``) is used as it is.
     """
     hosts = topo_desc.get("hosts", [])
     if hosts and all("switch" in h for h in hosts):
         return topo_desc
-    from lab.net.fabric import controller_config  # Mininet-backed: only when it is needed
-    return controller_config(dict(topo_desc), policy="", seed=0)
+    return config.build(dict(topo_desc), policy="", seed=0)
 
 
 def _first_two_choices(flow: FlowKey, sw: str, dst: Mapping[str, Any],

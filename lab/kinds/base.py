@@ -19,17 +19,63 @@ result written - and calls the kind for what only it knows:
     logs of its own to copy out of the session's work directory before it is removed.
 ``analyse(result, params)`` and ``summary_rows(result)``
     its ``metrics`` and the lines ``fabriclab run`` prints.
+``regress_metrics(result)``
+    what ``fabriclab regress`` holds a policy to (names from ``lab.regress.METRICS``,
+    prefixed with a phase where the kind has phases).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from controllers import policies
+from lab.machine import environment
+from lab.model import scenario
+from lab.model.flows import FlowSpec
+from lab.net.topologies import FabricTopo, make_topology
+
+if TYPE_CHECKING:                       # a type only: the kinds' interface names it
+    from lab.net.fabric import Fabric
 
 Progress = Callable[[str], None]
 
 
-def bring_up(plan: Any, fabric: Any, progress: Progress) -> float:
+@dataclass
+class Plan:
+    """A fully validated run: nothing has been started yet."""
+
+    scenario: scenario.Scenario
+    kind: Any
+    params: dict[str, Any]
+    policy: str
+    topo_desc: dict[str, Any]
+    flows: list[FlowSpec]
+    env: environment.Environment
+    runtime: str
+
+    def topology(self) -> FabricTopo:
+        return make_topology(self.params["topology"])
+
+    @property
+    def policy_label(self) -> str:
+        """The policy's name: what results, directories and progress lines call it.
+
+        ``policy`` itself may be a user's ``file.py:Class``, which is what the controller
+        must be given but is no name for a directory.
+        """
+        return policies.resolve(self.policy).name
+
+    def policy_fields(self) -> dict[str, str]:
+        """``policy`` (and ``policy_file`` for a user's policy) for result.json."""
+        fields = {"policy": self.policy_label}
+        if policies.is_file_spec(self.policy):
+            fields["policy_file"] = self.policy
+        return fields
+
+
+def bring_up(plan: Plan, fabric: Fabric, progress: Progress) -> float:
     """Start the fabric and ping all pairs, saying so; returns the pingall loss in %."""
     progress(f"[{plan.policy_label}] bringing up {plan.topo_desc['type']} "
              f"({len(plan.topo_desc['switches'])} switches, "

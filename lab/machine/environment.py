@@ -21,10 +21,12 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from controllers import runtime_select
 from lab import REPO_ROOT
 from lab.machine import ovs_service
 
-RUNTIMES = ("os-ken", "ryu")
+#: The controller runtimes, as the controller names them.
+RUNTIMES = tuple(runtime_select.RUNTIMES)
 
 
 def qdisc_available(kind_args: str) -> bool:

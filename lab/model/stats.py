@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
+
+from lab.agents.common import percentile as _interpolated
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100); 0.0 for no values."""
-    if not values:
-        return 0.0
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (q in 0..100), linearly interpolated; 0.0 for no values, so that a
+    report's column of an empty set reads as zero rather than missing.
+
+    The arithmetic is the agents' (``lab.agents.common.percentile``): the lab and the
+    programs in the hosts compute percentiles one way.
+    """
+    p = _interpolated(values, q)
+    return 0.0 if p is None else p

@@ -18,6 +18,7 @@ from mininet.log import setLogLevel
 from mininet.net import Mininet
 from mininet.node import OVSSwitch, RemoteController
 
+from controllers import config
 from lab.machine import state
 from lab.machine.environment import Environment
 from lab.model.errors import MachineError
@@ -45,41 +46,6 @@ def planned_names(topo: FabricTopo) -> tuple[list[str], list[str]]:
             if node in switch_set:
                 intfs.append(f"{node}-eth{port}")
     return bridges, intfs
-
-
-def controller_config(topo_desc: dict, policy: str, seed: int,
-                      gateways: frozenset[str] = frozenset(), ecn: str = "none",
-                      build_dir: str = "") -> dict[str, object]:
-    """What the controller needs to program L3 ECMP forwarding: no guessing on its side.
-
-    ``gateways`` are hosts that route for addresses outside the fabric (a router's
-    fabric-facing interface): frames sent to their MAC are forwarded to them.
-    """
-    switch_names = {s["name"] for s in topo_desc["switches"]}
-    hosts = []
-    fabric_links = []
-    for link in topo_desc["links"]:
-        a, b = link["a"], link["b"]
-        if a in switch_names and b in switch_names:
-            fabric_links.append({k: link[k] for k in ("a", "a_port", "b", "b_port")})
-        else:
-            host, sw, port = (a, b, link["b_port"]) if b in switch_names else (b, a,
-                                                                                link["a_port"])
-            hosts.append((host, sw, port))
-    by_name = {h["name"]: h for h in topo_desc["hosts"]}
-    switch_ports = [{"switch": node, "port": port, "intf": f"{node}-eth{port}",
-                     "rate_bps": int(link["bw_mbps"] * 1e6), "limit_bytes": link["queue_bytes"]}
-                    for link in topo_desc["links"]
-                    for node, port in ((link["a"], link["a_port"]), (link["b"], link["b_port"]))
-                    if node in switch_names]
-    return {
-        "ports": switch_ports, "ecn": {"mechanism": ecn, "build_dir": build_dir},
-        "policy": policy, "seed": seed,
-        "switches": [{"name": s["name"], "dpid": s["dpid"]} for s in topo_desc["switches"]],
-        "hosts": [{"name": h, "ip": by_name[h]["ip"], "mac": by_name[h]["mac"], "switch": sw,
-                   "port": port, "gateway": h in gateways} for h, sw, port in hosts],
-        "links": fabric_links,
-    }
 
 
 #: Pings in flight per host at once. Every host pinging all its peers at once is 16,256
@@ -174,7 +140,7 @@ class Fabric:
         self.record.interfaces = intfs
         self.record.save()
         self.controller = Controller(self.runtime,
-                                     controller_config(self.desc, self.policy, self.seed,
+                                     config.build(self.desc, self.policy, self.seed,
                                                        self.gateways, self.env.ecn,
                                                        str(BPF_BUILD_DIR)),
                                      self.run_dir, self.record)

@@ -14,9 +14,17 @@ import time
 from tests.integration.support import CLI, REPO, fabriclab, lab_leftovers
 
 
+def _as_at_a_terminal() -> None:
+    """Ctrl-C as a terminal delivers it: a test runner started in the background (``cmd &``
+    in a script) ignores SIGINT, its children inherit that, and Python then never turns
+    SIGINT into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_run(*args: str) -> subprocess.Popen:
     return subprocess.Popen([*CLI, "run", "ecmp-basic", "--policy", "hash5", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_as_at_a_terminal)
 
 
 def wait_for_line(proc: subprocess.Popen, needle: str, timeout: float = 60) -> str:

@@ -7,9 +7,9 @@ intervals, and the make-before-break changes a reroute sends.
 import pytest
 
 from controllers import plan, routing
+from controllers.config import build as controller_config
 from controllers.policies import resolve
 from lab.model.errors import ScenarioError
-from lab.net.fabric import controller_config
 from lab.net.topologies import describe, make_topology
 from lab.workloads import faults
 

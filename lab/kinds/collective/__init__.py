@@ -10,10 +10,10 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab.analysis import diagnose
-from lab.kinds.base import bring_up
+from lab.kinds.base import Plan, Progress, bring_up
 from lab.kinds.collective import jobplan as kind
 from lab.kinds.collective import metrics as jm
 from lab.kinds.collective.jobplan import DEFAULTS, SCHEMA, plan
@@ -23,7 +23,11 @@ from lab.measure import telemetry
 from lab.model.errors import MachineError
 from lab.model.result import SCHEMA_VERSION
 
-__all__ = ["DEFAULTS", "SCHEMA", "analyse", "keep_logs", "plan", "prepare", "run", "summary_rows"]
+if TYPE_CHECKING:
+    from lab.net.fabric import Fabric
+
+__all__ = ["DEFAULTS", "SCHEMA", "analyse", "keep_logs", "plan", "prepare", "regress_metrics",
+           "run", "summary_rows"]
 
 
 def analyse(result: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -36,7 +40,7 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     return rows + list((result["metrics"].get("phases_skipped") or {}).items())
 
 
-def prepare(plan_: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def prepare(plan_: Plan) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Every phase's parameters, and the phases this machine cannot run (and why); refuses
     a congestion control or a marking the machine cannot give, before anything starts."""
     phases_pp = kind.check(plan_.params, plan_.topo_desc)
@@ -56,7 +60,7 @@ def prepare(plan_: Any) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     return phases_pp, skipped
 
 
-def run(plan_: Any, fabric: Any, progress: Any,
+def run(plan_: Plan, fabric: Fabric, progress: Progress,
         prepared: tuple[dict[str, dict[str, Any]], dict[str, str]]) -> dict[str, Any]:
     """Bring the fabric up, then the job's phases one after another on it."""
     phases_pp, skipped = prepared
@@ -78,7 +82,7 @@ def keep_logs(work: Path, out_dir: Path) -> None:
                         ignore=shutil.ignore_patterns("*.pcap"))
 
 
-def assemble(plan_: Any, phases: dict[str, Any], loss: float,
+def assemble(plan_: Plan, phases: dict[str, Any], loss: float,
              timings: dict[str, Any], skipped: dict[str, str] | None = None) -> dict[str, Any]:
     """result.json: top-level links, flows and metrics are the first phase's (the problem
     the scenario shows); ``metrics.phases`` and ``phase_details`` hold every phase that ran,
@@ -116,3 +120,15 @@ def assemble(plan_: Any, phases: dict[str, Any], loss: float,
     }
     result["fidelity"]["datapath_loss_bytes"] = diagnose.unexplained_loss(result)
     return result
+
+
+def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """Per hashed phase (a placed phase's paths are the lab's, no policy's): step p99, GPU
+    idle share and drops."""
+    out = {}
+    for name, mt in result["metrics"]["phases"].items():
+        if mt.get("paths") != "hash":
+            continue
+        for key in ("step_p99_s", "gpu_idle_fraction", "drops"):
+            out[f"{name}.{key}"] = float(mt[key])
+    return out

@@ -11,20 +11,24 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab import agents
+from lab.kinds.base import Plan
 from lab.kinds.collective import jobplan as kind
 from lab.kinds.collective.jobplan import Conn
 from lab.machine import programs
 from lab.model.errors import MachineError
 
+if TYPE_CHECKING:
+    from lab.net.fabric import Fabric
+
 
 class JobPrograms:
     """Starting and stopping a phase's programs (mixed into ``JobRun``)."""
 
-    fabric: Any
-    plan: Any
+    fabric: Fabric
+    plan: Plan
     ips: dict[str, str]
 
     def host(self, name: str) -> Any:

@@ -18,9 +18,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controllers.marking import dctcp_k_bytes
+from lab.kinds.base import Plan, Progress
 from lab.kinds.collective import jobplan as kind
 from lab.kinds.collective import metrics as jm
 from lab.kinds.collective.jobplan import Conn
@@ -32,6 +33,9 @@ from lab.measure.window import Window
 from lab.model.errors import MachineError
 from lab.model.flowpaths import attachment
 from lab.model.flows import FlowSpec
+
+if TYPE_CHECKING:
+    from lab.net.fabric import Fabric
 
 #: Source ports come from below the kernel's ephemeral range, so a fixed ``bind`` never
 #: races a port the kernel handed to another socket.
@@ -127,7 +131,7 @@ class Drive:
 class JobRun(JobPrograms):
     """The running fabric plus what the job's phases need to know about it."""
 
-    def __init__(self, plan_: Any, fabric: Any, progress: Any) -> None:
+    def __init__(self, plan_: Plan, fabric: Fabric, progress: Progress) -> None:
         self.plan = plan_
         self.fabric = fabric
         self.progress = progress

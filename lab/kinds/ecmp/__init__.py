@@ -7,6 +7,7 @@ uplink - does. The metrics put the measured split beside the balls-into-bins exp
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -18,7 +19,7 @@ from lab.model.scenario import Param, require
 from lab.model.topodesc import check_fabric, edge_switches, hosts_of, uplink_capacity_bps
 from lab.workloads import faults
 
-__all__ = ["REQUIRED", "SCHEMA", "analyse", "plan", "run", "summary_rows"]
+__all__ = ["REQUIRED", "SCHEMA", "analyse", "plan", "regress_metrics", "run", "summary_rows"]
 
 SCHEMA: dict[str, Param] = {
     "traffic.flows": Param(int, 1, 128),
@@ -164,3 +165,15 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
                      f"{pred['max_flows_per_uplink']} flows on one uplink"
                      + (" (model of the switch hash)" if pred["model_only"] else "")))
     return rows
+
+
+def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """What ``fabriclab regress`` holds a policy to: imbalance, collisions beyond a fair
+    share, drops at the uplinks and the goodput shortfall."""
+    mt = result["metrics"]
+    n_uplinks = max(len(mt["flows_per_uplink"]), 1)
+    fair = math.ceil(len(result["flows"]) / n_uplinks)
+    return {"imbalance": mt["imbalance"],
+            "collisions": float(max(0, mt["max_flows_per_uplink"] - fair)),
+            "drops": float(sum(mt["uplink_drops"].values())),
+            "goodput_shortfall": mt["goodput_shortfall"]}

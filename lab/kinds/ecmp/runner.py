@@ -4,10 +4,10 @@ before and after, faults on their schedule."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab.analysis import diagnose
-from lab.kinds.base import Progress, bring_up
+from lab.kinds.base import Plan, Progress, bring_up
 from lab.machine.progress import Ticker
 from lab.measure import telemetry
 from lab.measure.result import flow_entries
@@ -16,8 +16,11 @@ from lab.model.result import SCHEMA_VERSION
 from lab.workloads import faults
 from lab.workloads.traffic import FlowRunner
 
+if TYPE_CHECKING:
+    from lab.net.fabric import Fabric
 
-def run(plan: Any, fabric: Any, progress: Progress, _prepared: Any = None) -> dict[str, Any]:
+
+def run(plan: Plan, fabric: Fabric, progress: Progress, _prepared: Any = None) -> dict[str, Any]:
     """Bring the fabric up, run every flow for the scenario's duration (faults injected on
     their schedule), and return result.json with the links' and flows' counters."""
     loss = bring_up(plan, fabric, progress)
@@ -29,7 +32,7 @@ def run(plan: Any, fabric: Any, progress: Progress, _prepared: Any = None) -> di
     return result
 
 
-def _traffic(plan: Any, fabric: Any, progress: Progress) -> dict[str, Any]:
+def _traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
     assert fabric.controller is not None
     duration = float(plan.params["duration"])
     watch = [e for i, f in enumerate(plan.flows) for e in f.watch_entries(i)]
@@ -91,7 +94,7 @@ def _traffic(plan: Any, fabric: Any, progress: Progress) -> dict[str, Any]:
     return result
 
 
-def _fidelity(plan: Any, result: dict[str, Any], judged: dict[str, Any],
+def _fidelity(plan: Plan, result: dict[str, Any], judged: dict[str, Any],
               planned_faults: list[Any]) -> dict[str, Any]:
     """Whether the run's numbers describe the network: the CPU had time to spare, every
     flow ran, and each flow's counters form one path; notes say why not."""

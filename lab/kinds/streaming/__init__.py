@@ -27,9 +27,20 @@ running edge, driven phase by phase), ``runner`` (the run and the logs kept) and
 
 from __future__ import annotations
 
+from typing import Any
+
 from lab.kinds.streaming.metrics import analyse, summary_rows, wan_fidelity
 from lab.kinds.streaming.runner import keep_logs, run
 from lab.kinds.streaming.streamplan import PHASES, SCHEMA, plan
 
-__all__ = ["PHASES", "SCHEMA", "analyse", "keep_logs", "plan", "run", "summary_rows",
-           "wan_fidelity"]
+__all__ = ["PHASES", "SCHEMA", "analyse", "keep_logs", "plan", "regress_metrics", "run",
+           "summary_rows", "wan_fidelity"]
+
+
+def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """Per phase: viewers' stalls and drops at the uplinks."""
+    out = {}
+    for name, mt in result["metrics"]["phases"].items():
+        out[f"{name}.stalls"] = float(mt["stalls"])
+        out[f"{name}.drops"] = float(sum(mt.get("uplink_drops", {}).values()))
+    return out

@@ -15,10 +15,11 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from controllers.marking import htb_burst_bytes
 from lab import agents
+from lab.kinds.base import Plan, Progress
 from lab.kinds.streaming import metrics
 from lab.kinds.streaming.streamplan import Stream
 from lab.machine import programs
@@ -31,6 +32,9 @@ from lab.net import edgecontrol, frr
 from lab.net.edge import CORE, GATEWAY_IP
 from lab.net.edgecontrol import FiveTuple
 from lab.net.links import root_netem_delay_ms
+
+if TYPE_CHECKING:
+    from lab.net.fabric import Fabric
 
 #: dccore's interface on the fabric (its port 0): where origin streams enter the routers.
 CORE_FABRIC_INTF = f"{CORE}-eth0"
@@ -46,7 +50,7 @@ PROBE_PHASES = ("incident", "fix-hash")
 class EdgeRun:
     """The running edge: fabric, routers, counters; runs one phase after the other."""
 
-    def __init__(self, plan_: Any, fabric: Any, progress: Any) -> None:
+    def __init__(self, plan_: Plan, fabric: Fabric, progress: Progress) -> None:
         self.plan = plan_
         self.fabric = fabric
         self.progress = progress

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lab.analysis import diagnose
+from lab.kinds.base import Plan
 from lab.kinds.streaming.streamplan import Stream
 from lab.measure import telemetry
 from lab.measure.routerstats import RouterPort, Series
@@ -193,7 +194,7 @@ def phase_line(mt: dict[str, Any]) -> str:
             f"{len(mt['uplinks_idle'])} of {len(mt['uplinks'])} uplinks idle")
 
 
-def assemble(plan_: Any, phases: dict[str, Any], bgp: dict[str, Any],
+def assemble(plan_: Plan, phases: dict[str, Any], bgp: dict[str, Any],
              bgp_after: dict[str, Any], timings: dict[str, Any],
              wan: dict[str, float | None]) -> dict[str, Any]:
     """result.json: top-level links/flows are the incident's (what diagnose explains);

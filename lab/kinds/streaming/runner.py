@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from lab.kinds.base import Plan, Progress
 from lab.kinds.streaming.edgerun import EdgeRun
 from lab.kinds.streaming.metrics import assemble, phase_line, phase_metrics
 from lab.kinds.streaming.streamplan import phase_names
 from lab.model.errors import MachineError
 from lab.net.edge import CORE
 
+if TYPE_CHECKING:
+    from lab.net.fabric import Fabric
 
-def run(plan_: Any, fabric: Any, progress: Any, _prepared: Any = None) -> dict[str, Any]:
+
+def run(plan_: Plan, fabric: Fabric, progress: Progress, _prepared: Any = None) -> dict[str, Any]:
     """Bring the edge up (fabric, FRR routers, BGP), then the phases one after another."""
     fabric.gateways = frozenset({CORE})
     progress(f"bringing up streaming-edge: {len(plan_.topo_desc['switches'])} switches, "
