@@ -26,7 +26,8 @@ from lab.model.errors import MachineError
 from lab.model.policies import policy_names
 from lab.model.result import validate
 from lab.net.fabric import Fabric
-from lab.net.topologies import build_defaults, describe, make_topology, refuse_without_netem
+from lab.net.topobase import refuse_without_netem
+from lab.net.topologies import build_defaults, describe, make_topology
 
 #: A phase whose least idle second had less CPU to spare than this ran CPU-bound: its
 #: numbers describe the emulator, not the network, and are flagged invalid.

@@ -39,7 +39,7 @@ IPERF_DPORTS = range(BASE_DPORT, BASE_DPORT + 512)
 #: Protocols whose header carries ports; others get sport = dport = 0, as ``FlowKey`` says.
 PORTED_PROTOS = frozenset({6, 17, 33, 132, 136})
 #: Rate handed to ``placed`` when the caller gives none: an elephant filling a default host
-#: link (lab.net.topologies.DEFAULT_HOST_MBPS). Only ratios matter to a load-tracking policy.
+#: link (lab.net.topobase.DEFAULT_HOST_MBPS). Only ratios matter to a load-tracking policy.
 ELEPHANT_BPS = 50e6
 #: A report calls two tiers polarised above this normalised mutual information. Independent
 #: choices give ~1e-3 or less on a few thousand flows (sampling noise); ``hash5`` gives 1.

@@ -22,6 +22,9 @@ result written - and calls the kind for what only it knows:
 ``regress_metrics(result)``
     what ``fabriclab regress`` holds a policy to (names from ``lab.regress.METRICS``,
     prefixed with a phase where the kind has phases).
+``run_plots(result, sections)``, ``section_plots(section, run_dir)`` (optional)
+    its own plots (``lab.plotting`` specs), drawn by the report before, and per phase
+    after, the plots every run gets.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from lab.model.checks import check_int
 from lab.net.bgp import Router
 from lab.net.frr import BgpTopo, FrrRouter
 from lab.net.links import ShapedLink, check_netem
-from lab.net.topologies import FabricTopo, _check_links, _check_rate
+from lab.net.topobase import FabricTopo, _check_links, _check_rate
 
 DC_AS = 65000
 DC_PREFIX = "10.0.0.0/8"

@@ -19,11 +19,12 @@ matplotlib) and drawn second, so a comparison can draw both runs on the same axi
 matplotlib (Agg) is imported by the functions that draw: importing it costs about a
 second, which ``fabriclab`` should not pay for commands that draw nothing.
 
-The package, one module per part, each importing only those above it:
+The package, one module per part, each importing only those above it (and what it builds
+on):
 
-- ``sections``: reading a run (its kind, its phases as ``Section``s, labels);
-- ``plots``: the plots every run gets (utilisation, queues, goodput), as specs;
-- ``kindplots``: the per-kind plots (stream stalls, step-time CDFs), as specs;
+- ``lab.plotting``: reading a run (its kind, its phases as ``Section``s, labels) and the
+  plots every run gets (utilisation, queues, goodput), as specs; a kind's own plots are in
+  its package (``lab/kinds/<kind>/plots.py``);
 - ``draw``: which specs a result gets, and drawing them (``make_plots``);
 - ``values``: values formatted once for the HTML and the terminal;
 - ``page``: one run's report.html (``write_report``);
@@ -31,11 +32,11 @@ The package, one module per part, each importing only those above it:
 """
 
 from lab.model.result import load_result
+from lab.plotting.plots import MAX_LINES, MAX_QUEUES, Plot, Skipped
+from lab.plotting.sections import ReportError, Section, kind_of, sections
 from lab.report.compare import COMPARE_NAME, compare_html, compare_rows, write_compare
 from lab.report.draw import DPI, WIDTH_IN, make_plots
 from lab.report.page import PLOTS_DIR, REPORT_NAME, report_html, write_report
-from lab.report.plots import MAX_LINES, MAX_QUEUES, Plot, Skipped
-from lab.report.sections import ReportError, Section, kind_of, sections
 from lab.report.values import flatten, format_value
 
 __all__ = [

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from lab.model.result import load_result
+from lab.plotting.plots import Plot
+from lab.plotting.sections import dict_of, num, sections
 from lab.report.draw import _draw, _specs
 from lab.report.page import _e, _env_rows, _figure, _heading, _page, _run_date, _table
-from lab.report.plots import Plot
-from lab.report.sections import _dict, _num, sections
 from lab.report.values import flatten, format_value
 
 COMPARE_NAME = "compare.html"
@@ -22,13 +22,13 @@ def _metric_rows(result: dict[str, Any]) -> list[tuple[str, Any]]:
     A collective result repeats its first phase's numbers at the top level: those appear
     once, under the phase.
     """
-    metrics = _dict(result.get("metrics"))
-    phases = _dict(metrics.get("phases"))
-    first = _dict(next(iter(phases.values()), {}))
+    metrics = dict_of(result.get("metrics"))
+    phases = dict_of(metrics.get("phases"))
+    first = dict_of(next(iter(phases.values()), {}))
     rows = [(k, v) for k, v in flatten(
         {k: v for k, v in metrics.items() if k != "phases" and first.get(k, object()) != v})]
     for name, m in phases.items():
-        rows += flatten(_dict(m), str(name), depth=1)
+        rows += flatten(dict_of(m), str(name), depth=1)
     return rows
 
 
@@ -39,16 +39,16 @@ def _totals(result: dict[str, Any]) -> list[tuple[str, Any]]:
         p = f"{sec.name}." if sec.name else ""
         rows += [
             (f"{p}flows.goodput_bps (sum)",
-             sum(_num(f.get("goodput_bps")) or 0 for f in sec.flows) if sec.flows else None),
+             sum(num(f.get("goodput_bps")) or 0 for f in sec.flows) if sec.flows else None),
             (f"{p}flows.retransmits (sum)",
-             sum(int(_num(f.get("retransmits")) or 0) for f in sec.flows)
+             sum(int(num(f.get("retransmits")) or 0) for f in sec.flows)
              if sec.flows else None),
             (f"{p}links.drops (sum)",
-             sum(int(_num(ln.get("drops")) or 0) for ln in sec.links) if sec.links else None),
+             sum(int(num(ln.get("drops")) or 0) for ln in sec.links) if sec.links else None),
             (f"{p}links.util_max (max)",
-             max((_num(ln.get("util_max")) or 0 for ln in sec.links), default=None)),
+             max((num(ln.get("util_max")) or 0 for ln in sec.links), default=None)),
         ]
-    fid = _dict(result.get("fidelity"))
+    fid = dict_of(result.get("fidelity"))
     rows += [("fidelity.valid", fid.get("valid")),
              ("fidelity.cpu_idle_min_pct", fid.get("cpu_idle_min_pct"))]
     return rows
@@ -80,7 +80,7 @@ def _delta(key: str, va: Any, vb: Any, in_a: bool, in_b: bool) -> str:
         return "only in B"
     if not in_b:
         return "only in A"
-    na, nb = _num(va), _num(vb)
+    na, nb = num(va), num(vb)
     if na is not None and nb is not None:
         d = nb - na
         if d == 0:
@@ -143,7 +143,7 @@ def compare_html(ra: dict[str, Any], rb: dict[str, Any], dir_a: Path, dir_b: Pat
     env_a, env_b = dict(_env_rows(ra)), dict(_env_rows(rb))
     env_rows = [(k, format_value(k, env_a.get(k)), format_value(k, env_b.get(k)))
                 for k in dict.fromkeys([*env_a, *env_b])]
-    fa, fb = _dict(ra.get("fidelity")), _dict(rb.get("fidelity"))
+    fa, fb = dict_of(ra.get("fidelity")), dict_of(rb.get("fidelity"))
     for key in ("valid", "cpu_idle_min_pct"):
         env_rows.append((f"fidelity.{key}", format_value(key, fa.get(key)),
                          format_value(key, fb.get(key))))

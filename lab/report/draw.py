@@ -9,42 +9,43 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lab.report.kindplots import _stall_phases_spec, _stall_spec, _step_cdf_spec
-from lab.report.plots import Plot, Skipped, _goodput_spec, _queue_spec, _Spec, _util_spec
-from lab.report.sections import _dict, _num, kind_of, sections
+from lab import kinds
+from lab.plotting.plots import Plot, Skipped, Spec, goodput_spec, queue_spec, util_spec
+from lab.plotting.sections import dict_of, kind_of, num, sections
 
 #: Plot size: 8 in at 100 dpi is 800 px, readable in a report and on a laptop screen.
 WIDTH_IN, DPI = 8.0, 100
 
 
-def _specs(result: dict[str, Any], run_dir: Path | None) -> tuple[list[_Spec], list[Skipped]]:
+def _specs(result: dict[str, Any], run_dir: Path | None) -> tuple[list[Spec], list[Skipped]]:
     """Every plot the result has data for, in report order, and the ones it has not."""
-    specs: list[_Spec] = []
+    specs: list[Spec] = []
     skipped: list[Skipped] = []
     kind = kind_of(result)
     secs = sections(result)
-    queue_limit = _num(_dict(_dict(result.get("params")).get("topology")).get("queue_bytes"))
+    queue_limit = num(dict_of(dict_of(result.get("params")).get("topology")).get("queue_bytes"))
 
-    def add(made: _Spec | Skipped | None) -> None:
-        if isinstance(made, _Spec):
+    def add(made: Spec | Skipped | None) -> None:
+        if isinstance(made, Spec):
             specs.append(made)
         elif isinstance(made, Skipped):
             skipped.append(made)
 
-    if kind == "collective":
-        add(_step_cdf_spec(result, secs))
-    if kind == "streaming":
-        add(_stall_phases_spec(secs))
+    # A kind's own plots come from the kind (``run_plots`` before, ``section_plots`` after
+    # the ones every run gets); a result of a kind this lab no longer has gets none.
+    own = kinds.get(kind) if kind in kinds.KINDS else None
+    for made in getattr(own, "run_plots", lambda _r, _s: [])(result, secs):
+        add(made)
     for sec in secs:
-        add(_util_spec(sec))
-        add(_queue_spec(sec, queue_limit))
-        add(_goodput_spec(sec))
-        if kind == "streaming":
-            add(_stall_spec(sec, run_dir))
+        add(util_spec(sec))
+        add(queue_spec(sec, queue_limit))
+        add(goodput_spec(sec))
+        for made in getattr(own, "section_plots", lambda _s, _d: [])(sec, run_dir):
+            add(made)
     return specs, skipped
 
 
-def _draw(spec: _Spec, out_dir: Path, limit: float | None = None) -> Plot:
+def _draw(spec: Spec, out_dir: Path, limit: float | None = None) -> Plot:
     """Draw one spec to ``out_dir``/<name>.png and read back the words that ended up on it."""
     import matplotlib
     matplotlib.use("Agg")

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from lab.model.result import load_result
+from lab.plotting.plots import Plot, Skipped
+from lab.plotting.sections import Section, dict_of, kind_of, link_labels, num, sections
 from lab.report.draw import make_plots
-from lab.report.plots import Plot, Skipped
-from lab.report.sections import Section, _dict, _link_labels, _num, kind_of, sections
 from lab.report.values import flatten, format_value
 
 PLOTS_DIR = "plots"
@@ -118,13 +118,13 @@ def _heading(result: dict[str, Any]) -> str:
 
 
 def _env_rows(result: dict[str, Any]) -> list[tuple[str, Any]]:
-    env = _dict(result.get("environment"))
+    env = dict_of(result.get("environment"))
     first = ("datapath", "ecn", "delay", "controller", "kernel")
     return [(k, env.get(k)) for k in first] + [(k, v) for k, v in env.items() if k not in first]
 
 
 def _fidelity_html(result: dict[str, Any]) -> str:
-    fid = _dict(result.get("fidelity"))
+    fid = dict_of(result.get("fidelity"))
     valid = fid.get("valid")
     verdict = ("<p class='ok'>valid: the emulator kept up, the numbers describe the "
                "network</p>" if valid else
@@ -140,9 +140,9 @@ def _fidelity_html(result: dict[str, Any]) -> str:
 
 def _metrics_html(result: dict[str, Any]) -> str:
     """Top-level metrics as field/value; per-phase metrics as one table, phases as columns."""
-    metrics = _dict(result.get("metrics"))
-    phases = _dict(metrics.get("phases"))
-    first = _dict(next(iter(phases.values()), {}))
+    metrics = dict_of(result.get("metrics"))
+    phases = dict_of(metrics.get("phases"))
+    first = dict_of(next(iter(phases.values()), {}))
     top = flatten({k: v for k, v in metrics.items()
                    if k != "phases" and first.get(k, object()) != v})
     parts = []
@@ -150,7 +150,7 @@ def _metrics_html(result: dict[str, Any]) -> str:
         names = list(phases)
         # Two levels: deeper per-phase detail (a phase's config, its predictions) is one
         # cell, not a row per key that only that phase has.
-        flat = {n: dict(flatten(_dict(phases[n]), depth=1)) for n in names}
+        flat = {n: dict(flatten(dict_of(phases[n]), depth=1)) for n in names}
         keys = list(dict.fromkeys(k for n in names for k in flat[n]))
         parts.append("<h3>Per phase</h3>" + _table(
             ["metric", *names],
@@ -167,14 +167,14 @@ def _links_table(links: list[dict[str, Any]]) -> str:
     if not links:
         return "<p class='muted'>no links</p>"
     rows = []
-    for ln, label in zip(links, _link_labels(links), strict=True):
-        drops = int(_num(ln.get("drops")) or 0)
+    for ln, label in zip(links, link_labels(links), strict=True):
+        drops = int(num(ln.get("drops")) or 0)
         rows.append((label, ln.get("role", ""), format_value("", ln.get("bw_mbps")),
-                     f"{100 * (_num(ln.get('util_mean')) or 0):.1f}",
-                     f"{100 * (_num(ln.get('util_max')) or 0):.1f}",
+                     f"{100 * (num(ln.get('util_mean')) or 0):.1f}",
+                     f"{100 * (num(ln.get('util_max')) or 0):.1f}",
                      _Raw(f"<span class='bad'>{drops:,}</span>") if drops else "0",
-                     f"{int(_num(ln.get('ce_marked')) or 0):,}",
-                     f"{(_num(ln.get('tx_bytes')) or 0) / 1e6:.2f}"))
+                     f"{int(num(ln.get('ce_marked')) or 0):,}",
+                     f"{(num(ln.get('tx_bytes')) or 0) / 1e6:.2f}"))
     return _table(("link", "role", "rate (Mbit/s)", "util mean (%)", "util max (%)", "drops",
                    "CE marked", "sent (MB)"), rows, numeric=range(2, 8))
 
@@ -188,10 +188,10 @@ def _flows_table(flows: list[dict[str, Any]]) -> str:
         path = f.get("full_path") or f.get("path") or []
         row = [f.get("id", "?"), f.get("kind", ""), f"{f.get('src', '?')} → {f.get('dst', '?')}",
                " → ".join(str(p) for p in path) if isinstance(path, list) else str(path),
-               f"{(_num(f.get('offered_bps')) or 0) / 1e6:.2f}",
-               f"{(_num(f.get('goodput_bps')) or 0) / 1e6:.2f}",
-               f"{int(_num(f.get('retransmits')) or 0):,}",
-               f"{100 * (_num(f.get('loss')) or 0):.2f}"]
+               f"{(num(f.get('offered_bps')) or 0) / 1e6:.2f}",
+               f"{(num(f.get('goodput_bps')) or 0) / 1e6:.2f}",
+               f"{int(num(f.get('retransmits')) or 0):,}",
+               f"{100 * (num(f.get('loss')) or 0):.2f}"]
         if streams:
             row += [f.get("stalls", ""), format_value("", f.get("stall_s"))]
         rows.append(row)
@@ -242,8 +242,8 @@ def report_html(result: dict[str, Any], plots: list[Plot], skipped: list[Skipped
             phase = p.section
         parts.append(_figure(p, (plots_dir / p.file).read_bytes()))
     figures = "".join(parts) or "<p class='muted'>no plots: the result holds no series to draw</p>"
-    params = _dict(result.get("params"))
-    timings = _dict(result.get("timings"))
+    params = dict_of(result.get("params"))
+    timings = dict_of(result.get("timings"))
     body = (
         f"<h1>FabricLab report: {_e(head)}</h1><p class='sub'>{_e(sub)}</p>"
         "<nav><a href='#environment'>environment</a><a href='#fidelity'>fidelity</a>"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab.report.sections import _num
+from lab.plotting.sections import num
 
 
 def _base_key(key: str) -> str:
@@ -44,7 +44,7 @@ def format_value(key: str, v: Any, signed: bool = False) -> str:
     if isinstance(v, list):
         if not v:
             return "none"
-        if all(_num(x) is not None for x in v) and len(v) > 8:
+        if all(num(x) is not None for x in v) and len(v) > 8:
             return f"{len(v)} values, {min(v):.4g} … {max(v):.4g}"
         if all(not isinstance(x, dict | list) for x in v):
             return ", ".join(format_value("", x) for x in v) if len(v) <= 12 \

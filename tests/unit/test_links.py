@@ -10,7 +10,8 @@ from lab.kinds.streaming import wan_fidelity
 from lab.model.errors import MachineError, TopologyError
 from lab.net.edge import DEFAULT_WAN_DELAY_MS
 from lab.net.links import Netem, check_netem, netem_limit_packets, root_netem_delay_ms, tc_commands
-from lab.net.topologies import describe, make_topology, refuse_without_netem
+from lab.net.topobase import refuse_without_netem
+from lab.net.topologies import describe, make_topology
 
 FIELDS = ("t.delay_ms", "t.jitter_ms", "t.loss_pct")
 

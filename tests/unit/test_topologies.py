@@ -4,7 +4,8 @@ import pytest
 
 from lab.model.errors import TopologyError
 from lab.net.fabric import planned_names
-from lab.net.topologies import FatTree, LeafSpine, describe, host_addr, make_topology
+from lab.net.topobase import host_addr
+from lab.net.topologies import FatTree, LeafSpine, describe, make_topology
 
 
 def test_leafspine_names_ports_and_oversubscription():

@@ -18,6 +18,7 @@ from lab.kinds.collective import jobplan as kind
 from lab.kinds.collective import metrics as jm
 from lab.kinds.collective.jobplan import DEFAULTS, SCHEMA, plan
 from lab.kinds.collective.metrics import phase_line
+from lab.kinds.collective.plots import run_plots
 from lab.kinds.collective.runner import RECEIVER_CC, JobRun, read_proc
 from lab.measure import telemetry
 from lab.model.errors import MachineError
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from lab.net.fabric import Fabric
 
 __all__ = ["DEFAULTS", "SCHEMA", "analyse", "keep_logs", "plan", "prepare", "regress_metrics",
-           "run", "summary_rows"]
+           "run", "run_plots", "summary_rows"]
 
 
 def analyse(result: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

@@ -30,11 +30,12 @@ from __future__ import annotations
 from typing import Any
 
 from lab.kinds.streaming.metrics import analyse, summary_rows, wan_fidelity
+from lab.kinds.streaming.plots import run_plots, section_plots
 from lab.kinds.streaming.runner import keep_logs, run
 from lab.kinds.streaming.streamplan import PHASES, SCHEMA, plan
 
 __all__ = ["PHASES", "SCHEMA", "analyse", "keep_logs", "plan", "regress_metrics", "run",
-           "summary_rows", "wan_fidelity"]
+           "run_plots", "section_plots", "summary_rows", "wan_fidelity"]
 
 
 def regress_metrics(result: dict[str, Any]) -> dict[str, float]:

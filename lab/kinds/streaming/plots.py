@@ -1,7 +1,8 @@
-"""Per-kind plots: stream stalls (streaming) and step-time CDFs (collective).
+"""The streaming kind's plots: viewers' stalls per phase, and per phase when each stream
+stalled (from the players' own timelines where the run kept them).
 
-Specifications only, as in ``lab.report.plots``; which kind gets which is decided in
-``lab.report.draw``.
+Specifications only (``lab.plotting``); ``lab.report`` draws them after the plots every
+run gets.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lab.model.stats import percentile
-from lab.report.plots import Skipped, _name, _Spec, _title
-from lab.report.sections import Section, _dict, _dicts, _flow_label, _num
+from lab.plotting.plots import Skipped, Spec, spec_name, spec_title
+from lab.plotting.sections import Section, dict_of, dicts_of, flow_label, num
 
 
 def _player_streams(run_dir: Path | None, phase: str) -> dict[tuple[str, int], dict[str, Any]]:
@@ -30,24 +30,24 @@ def _player_streams(run_dir: Path | None, phase: str) -> dict[tuple[str, int], d
             play = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        for s in _dicts(_dict(play).get("streams")):
+        for s in dicts_of(dict_of(play).get("streams")):
             if isinstance(s.get("stream_id"), int):
                 out[(path.name.removesuffix(".play.json"), s["stream_id"])] = s
     return out
 
 
-def _stall_spec(sec: Section, run_dir: Path | None) -> _Spec | Skipped:
+def _stall_spec(sec: Section, run_dir: Path | None) -> Spec | Skipped:
     """Per stream, when it played and when it stalled, on the phase's clock.
 
     Drawn from the players' timelines where the run has them; otherwise from the stall
     totals in result.json.
     """
-    name = _name("stalls", sec)
+    name = spec_name("stalls", sec)
     streams = [f for f in sec.flows if f.get("kind") == "stream"]
     if not streams:
         return Skipped(name, f"{sec.label}: no streams")
     rows = _playouts(streams, _player_streams(run_dir, sec.name))
-    title = _title("Stream stalls", sec)
+    title = spec_title("Stream stalls", sec)
     summary = _stall_summary(streams)
     if not rows:
         return _stall_totals_spec(name, sec, streams, title, summary)
@@ -61,34 +61,34 @@ def _playouts(streams: list[dict[str, Any]], players: dict[tuple[str, int], dict
     for f in streams:
         # The result's own copy of the player's timeline; older results only have it in
         # the players' files, matched by the stream number at the end of the flow id.
-        p = _dict(f.get("playout")) or None
-        if p is None or _num(p.get("first_arrival_unix")) is None:
+        p = dict_of(f.get("playout")) or None
+        if p is None or num(p.get("first_arrival_unix")) is None:
             m = re.search(r"(\d+)$", str(f.get("id", "")))
             p = players.get((str(f.get("dst")), int(m.group(1)))) if m else None
-        if p is not None and _num(p.get("first_arrival_unix")) is not None:
+        if p is not None and num(p.get("first_arrival_unix")) is not None:
             rows.append((f, p))
     return rows
 
 
 def _stall_summary(streams: list[dict[str, Any]]) -> str:
     """The caption's last sentence: how many stalls, how long in all, on which streams."""
-    total = sum(int(_num(f.get("stalls")) or 0) for f in streams)
-    total_s = sum(_num(f.get("stall_s")) or 0 for f in streams)
-    stalled = [_flow_label(f) for f in streams if (_num(f.get("stalls")) or 0) > 0]
+    total = sum(int(num(f.get("stalls")) or 0) for f in streams)
+    total_s = sum(num(f.get("stall_s")) or 0 for f in streams)
+    stalled = [flow_label(f) for f in streams if (num(f.get("stalls")) or 0) > 0]
     return (f"{total} stalls, {total_s:.1f} s in all"
             + (f", on {', '.join(stalled)}." if stalled else ": no viewer saw a stall."))
 
 
 def _stall_totals_spec(name: str, sec: Section, streams: list[dict[str, Any]], title: str,
-                       summary: str) -> _Spec:
+                       summary: str) -> Spec:
     """Seconds stalled per stream: all that is known without the players' files."""
-    stall_s = [_num(f.get("stall_s")) or 0 for f in streams]
+    stall_s = [num(f.get("stall_s")) or 0 for f in streams]
 
     def draw_totals(fig: Any, limit: float) -> str:
         ax = fig.add_subplot()
         ax.barh(range(len(streams)), stall_s, color="#d62728", label="stall time")
         ax.set_yticks(list(range(len(streams))))
-        ax.set_yticklabels([_flow_label(f) for f in streams], fontsize=8)
+        ax.set_yticklabels([flow_label(f) for f in streams], fontsize=8)
         ax.invert_yaxis()
         ax.set_xlim(0, max(limit, 1.0) * 1.1)
         ax.set_title(title + " (totals; the players' timelines are not in this run)")
@@ -98,7 +98,7 @@ def _stall_totals_spec(name: str, sec: Section, streams: list[dict[str, Any]], t
         return ("Seconds each viewer's playback was frozen waiting for media (the "
                 "players' per-stall timelines were not found, so only totals). " + summary)
 
-    return _Spec(name, "stalls", sec.name, max(3.0, 0.3 * len(streams) + 1.5),
+    return Spec(name, "stalls", sec.name, max(3.0, 0.3 * len(streams) + 1.5),
                  max(stall_s), draw_totals)
 
 
@@ -111,7 +111,7 @@ def _stall_clock(sec: Section, rows: list[tuple[dict[str, Any], dict[str, Any]]]
                  ) -> tuple[float, str]:
     """The timeline's zero (unix time) and its axis label: the phase's start, or the phase's
     first frame in results that do not record the start."""
-    t0 = _num(sec.events.get("phase_start_unix"))
+    t0 = num(sec.events.get("phase_start_unix"))
     clock = "time since the phase started (s)"
     if t0 is None:
         t0 = min(float(p["first_arrival_unix"]) for _, p in rows)
@@ -125,26 +125,26 @@ def _stall_bars(rows: list[tuple[dict[str, Any], dict[str, Any]]],
     bars = []
     for f, p in rows:
         join = float(p["first_arrival_unix"]) - t0
-        startup = _num(p.get("startup_delay_s"))
-        end = _num(p.get("play_end_s"))
+        startup = num(p.get("startup_delay_s"))
+        end = num(p.get("play_end_s"))
         stalls = [(join + float(e["start_s"]), float(e["duration_s"]))
-                  for e in _dicts(p.get("stall_events"))
-                  if _num(e.get("start_s")) is not None and _num(e.get("duration_s"))]
-        bars.append((_flow_label(f), join, startup, end, stalls))
+                  for e in dicts_of(p.get("stall_events"))
+                  if num(e.get("start_s")) is not None and num(e.get("duration_s"))]
+        bars.append((flow_label(f), join, startup, end, stalls))
     return bars
 
 
 def _stall_marks(sec: Section, t0: float) -> list[tuple[float, str]]:
     """The failover's cut and restore, where the phase had them, on the same clock."""
-    cut = _num(sec.events.get("cut_unix"))
-    restore = _num(sec.events.get("restore_unix"))
+    cut = num(sec.events.get("cut_unix"))
+    restore = num(sec.events.get("restore_unix"))
     return [(x - t0, lab) for x, lab in ((cut, f"cut {sec.events.get('cut', '')}"),
                                          (restore, "restored")) if x is not None]
 
 
 def _stall_timeline_spec(name: str, sec: Section,
                          rows: list[tuple[dict[str, Any], dict[str, Any]]], title: str,
-                         summary: str) -> _Spec:
+                         summary: str) -> Spec:
     """One row per stream from its first frame to the end of playback, stalls in red."""
     t0, clock = _stall_clock(sec, rows)
     bars = _stall_bars(rows, t0)
@@ -182,12 +182,12 @@ def _stall_timeline_spec(name: str, sec: Section,
                 "that line up across streams point at one shared link or event." + extra
                 + " " + summary)
 
-    return _Spec(name, "stalls", sec.name, max(3.0, 0.3 * len(bars) + 1.6), vmax, draw)
+    return Spec(name, "stalls", sec.name, max(3.0, 0.3 * len(bars) + 1.6), vmax, draw)
 
 
-def _stall_phases_spec(secs: list[Section]) -> _Spec | Skipped:
+def _stall_phases_spec(secs: list[Section]) -> Spec | Skipped:
     """Stall seconds (and stall count) per phase: the streaming scenario's story in one plot."""
-    rows = [(s.name, _num(s.metrics.get("stall_s")), int(_num(s.metrics.get("stalls")) or 0))
+    rows = [(s.name, num(s.metrics.get("stall_s")), int(num(s.metrics.get("stalls")) or 0))
             for s in secs if s.name]
     rows = [(n, v, c) for n, v, c in rows if v is not None]
     if not rows:
@@ -214,52 +214,14 @@ def _stall_phases_spec(secs: list[Section]) -> _Spec | Skipped:
                 "incident should stand out and each fix should bring it down. Worst: "
                 f"{worst[0]} with {worst[1]:.1f} s in {worst[2]} stalls.")
 
-    return _Spec("stall-phases", "stall-phases", "", 4.0, vmax, draw)
+    return Spec("stall-phases", "stall-phases", "", 4.0, vmax, draw)
 
 
-def _step_times(result: dict[str, Any], secs: list[Section]) -> list[tuple[str, list[float]]]:
-    """Measured (non-warm-up) step times per phase, in ms."""
-    series = [(s.name, s.metrics.get("step_series")) for s in secs if s.name]
-    if not any(isinstance(x, list) for _, x in series):
-        series = [("job", _dict(result.get("metrics")).get("step_series"))]
-    out = []
-    for name, steps in series:
-        ms = [1000 * v for st in _dicts(steps)
-              if not st.get("warmup") and (v := _num(st.get("step_s"))) is not None]
-        if ms:
-            out.append((name, ms))
-    return out
+def run_plots(result: dict[str, Any], secs: list[Section]) -> list[Spec | Skipped | None]:
+    """Plots of the whole run, before the per-phase ones."""
+    return [_stall_phases_spec(secs)]
 
 
-def _step_cdf_spec(result: dict[str, Any], secs: list[Section]) -> _Spec | Skipped:
-    """CDF of the job's step times, one line per phase."""
-    phases = _step_times(result, secs)
-    if not phases:
-        return Skipped("step-cdf", "no measured steps in metrics.step_series")
-    vmax = max(max(ms) for _, ms in phases)
-    stats = [(n, percentile(ms, 50), percentile(ms, 99), len(ms)) for n, ms in phases]
-
-    def draw(fig: Any, limit: float) -> str:
-        ax = fig.add_subplot()
-        for (name, ms), (_, p50, p99, n) in zip(phases, stats, strict=True):
-            xs = sorted(ms)
-            ys = [(i + 1) / len(xs) for i in range(len(xs))]
-            ax.step([xs[0], *xs], [0.0, *ys], where="post", lw=1.5,
-                    label=f"{name}: n={n}, p50 {p50:.0f} ms, p99 {p99:.0f} ms")
-        ax.set_xlim(0, limit * 1.05)
-        ax.set_ylim(0, 1.02)
-        ax.set_title("Step time CDF" + (" per phase" if len(phases) > 1 else ""))
-        ax.set_xlabel("step time (ms)")
-        ax.set_ylabel("fraction of steps ≤ x")
-        ax.legend(fontsize=8, loc="lower right")
-        ax.grid(alpha=0.3)
-        best = min(stats, key=lambda s: s[1])
-        worst = max(stats, key=lambda s: s[2])
-        return ("The share of training steps that finished within a given time (warm-up "
-                "steps left out). A steep line is a steady job; a line that bends right "
-                "late is a tail of slow steps that waited on a congested link (a hash "
-                "collision, a checkpoint, an incast). Every GPU waits for the slowest "
-                f"rank, so the tail is what the job pays. Fastest median: {best[0]} "
-                f"{best[1]:.0f} ms; longest tail: {worst[0]} p99 {worst[2]:.0f} ms.")
-
-    return _Spec("step-cdf", "step-cdf", "", 4.5, vmax, draw)
+def section_plots(sec: Section, run_dir: Path | None) -> list[Spec | Skipped | None]:
+    """Plots of one phase, after the ones every run gets."""
+    return [_stall_spec(sec, run_dir)]

@@ -47,34 +47,34 @@ def sections(result: dict[str, Any]) -> list[Section]:
     metrics = result.get("metrics") if isinstance(result.get("metrics"), dict) else {}
     if isinstance(details, dict) and details:
         per_phase = metrics.get("phases") if isinstance(metrics.get("phases"), dict) else {}
-        return [Section(str(name), d.get("duration_s"), _dicts(d.get("links")),
-                        _dicts(d.get("flows")), _dict(per_phase.get(name)),
-                        _dict(d.get("events")))
+        return [Section(str(name), d.get("duration_s"), dicts_of(d.get("links")),
+                        dicts_of(d.get("flows")), dict_of(per_phase.get(name)),
+                        dict_of(d.get("events")))
                 for name, d in details.items() if isinstance(d, dict)]
-    return [Section("", result.get("duration_s"), _dicts(result.get("links")),
-                    _dicts(result.get("flows")), metrics)]
+    return [Section("", result.get("duration_s"), dicts_of(result.get("links")),
+                    dicts_of(result.get("flows")), metrics)]
 
 
-def _dict(x: Any) -> dict[str, Any]:
+def dict_of(x: Any) -> dict[str, Any]:
     return x if isinstance(x, dict) else {}
 
 
-def _dicts(x: Any) -> list[dict[str, Any]]:
+def dicts_of(x: Any) -> list[dict[str, Any]]:
     return [e for e in x if isinstance(e, dict)] if isinstance(x, list) else []
 
 
-def _num(x: Any) -> float | None:
+def num(x: Any) -> float | None:
     """A finite number, or None (bools, strings, NaN and missing values are not numbers)."""
     if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
         return None
     return float(x)
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
 
 
-def _link_labels(links: list[dict[str, Any]]) -> list[str]:
+def link_labels(links: list[dict[str, Any]]) -> list[str]:
     """``node→peer``, with the interface when two links join the same pair of nodes."""
     base = [f"{ln.get('node', '?')}→{ln.get('peer', '?')}" for ln in links]
     labels = []
@@ -85,7 +85,7 @@ def _link_labels(links: list[dict[str, Any]]) -> list[str]:
     return labels
 
 
-def _flow_label(flow: dict[str, Any], via: bool = False) -> str:
+def flow_label(flow: dict[str, Any], via: bool = False) -> str:
     """A flow's id without its phase prefix (``incident/big5`` → ``big5``).
 
     With ``via``, the path choice the plot is about: a stream's edge uplink, or the switch

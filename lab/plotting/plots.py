@@ -2,8 +2,8 @@
 
 A spec holds the data and a ``draw`` function that ``lab.report.draw`` calls with a
 matplotlib figure; nothing is drawn here. ``vmax`` is the data's extent on the value axis,
-so that a comparison can draw two runs on the same limits. The per-kind plots (streaming,
-collective) are in ``lab.report.kindplots``.
+so that a comparison can draw two runs on the same limits. A kind's own plots are specs
+too, in its package (``lab/kinds/<kind>/plots.py``), built on these.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lab.report.sections import Section, _dict, _flow_label, _link_labels, _num, _slug
+from lab.plotting.sections import Section, dict_of, flow_label, link_labels, num, slug
 
 #: Up to this many links a utilisation plot draws lines; more become a heatmap.
 MAX_LINES = 8
@@ -48,7 +48,7 @@ class Skipped:
 
 
 @dataclass
-class _Spec:
+class Spec:
     """What to draw: ``vmax`` is the data's extent on the value axis, shared in a compare."""
 
     name: str
@@ -59,21 +59,21 @@ class _Spec:
     draw: Callable[[Any, float], str]     # (figure, axis limit) -> caption
 
 
-def _name(kind: str, sec: Section) -> str:
-    return f"{kind}-{_slug(sec.name)}" if sec.name else kind
+def spec_name(kind: str, sec: Section) -> str:
+    return f"{kind}-{slug(sec.name)}" if sec.name else kind
 
 
-def _title(what: str, sec: Section) -> str:
+def spec_title(what: str, sec: Section) -> str:
     return f"{what} — phase {sec.name}" if sec.name else what
 
 
-def _util_spec(sec: Section) -> _Spec | Skipped:
+def util_spec(sec: Section) -> Spec | Skipped:
     """Utilisation of every switch/router egress port over time, in % of its rate."""
-    name = _name("util", sec)
+    name = spec_name("util", sec)
     rows = []
-    for ln, label in zip(sec.links, _link_labels(sec.links), strict=True):
-        s = _dict(ln.get("series"))
-        t, bps, bw = s.get("t") or [], s.get("tx_bps") or [], _num(ln.get("bw_mbps"))
+    for ln, label in zip(sec.links, link_labels(sec.links), strict=True):
+        s = dict_of(ln.get("series"))
+        t, bps, bw = s.get("t") or [], s.get("tx_bps") or [], num(ln.get("bw_mbps"))
         if not t or len(t) != len(bps) or not bw:
             continue
         rows.append((label, ln, [float(x) for x in t], [100 * b / (bw * 1e6) for b in bps]))
@@ -86,13 +86,13 @@ def _util_spec(sec: Section) -> _Spec | Skipped:
         rows = busy or rows
     else:
         idle = 0
-    top = sorted(rows, key=lambda r: -(_num(r[1].get("util_mean")) or 0))[:3]
+    top = sorted(rows, key=lambda r: -(num(r[1].get("util_mean")) or 0))[:3]
     finding = "Busiest: " + ", ".join(
-        f"{lab} {100 * (_num(ln.get('util_mean')) or 0):.0f} % mean "
-        f"(max {100 * (_num(ln.get('util_max')) or 0):.0f} %)" for lab, ln, _, _ in top) + "."
+        f"{lab} {100 * (num(ln.get('util_mean')) or 0):.0f} % mean "
+        f"(max {100 * (num(ln.get('util_max')) or 0):.0f} %)" for lab, ln, _, _ in top) + "."
     vmax = max(max(r[3]) for r in rows)
     heat = len(rows) > MAX_LINES
-    title = _title("Link utilisation over time", sec)
+    title = spec_title("Link utilisation over time", sec)
 
     def draw(fig: Any, limit: float) -> str:
         ax = fig.add_subplot()
@@ -123,7 +123,7 @@ def _util_spec(sec: Section) -> _Spec | Skipped:
         else:
             for label, ln, t, u in rows:
                 ax.plot(t, u, lw=1.2,
-                        label=f"{label} (mean {100 * (_num(ln.get('util_mean')) or 0):.0f} %)")
+                        label=f"{label} (mean {100 * (num(ln.get('util_mean')) or 0):.0f} %)")
             ax.set_ylabel("utilisation (% of link rate)")
             ax.set_ylim(0, max(105.0, limit * 1.05))
             ax.axhline(100, color="grey", lw=0.8, ls="--")
@@ -134,15 +134,15 @@ def _util_spec(sec: Section) -> _Spec | Skipped:
         return f"{what} {finding}"
 
     height = min(12.0, max(3.5, 0.16 * len(rows) + 1.6)) if heat else 4.5
-    return _Spec(name, "util", sec.name, height, vmax, draw)
+    return Spec(name, "util", sec.name, height, vmax, draw)
 
 
-def _queue_spec(sec: Section, limit_bytes: float | None) -> _Spec | Skipped:
+def queue_spec(sec: Section, limit_bytes: float | None) -> Spec | Skipped:
     """Queue occupancy of the deepest ports over time (the qdisc backlog in kB)."""
-    name = _name("queue", sec)
+    name = spec_name("queue", sec)
     rows = []
-    for ln, label in zip(sec.links, _link_labels(sec.links), strict=True):
-        s = _dict(ln.get("series"))
+    for ln, label in zip(sec.links, link_labels(sec.links), strict=True):
+        s = dict_of(ln.get("series"))
         q, t = s.get("queue_bytes"), s.get("t") or []
         if isinstance(q, list) and q and len(q) == len(t):
             rows.append((label, ln, t, [x / 1000 for x in q]))
@@ -155,10 +155,10 @@ def _queue_spec(sec: Section, limit_bytes: float | None) -> _Spec | Skipped:
                              "byte" + (f" ({unsampled} ports, e.g. routers', have no queue "
                                        "series)" if unsampled else ""))
     shown = deep[:MAX_QUEUES]
-    marking = _dict(_dict(sec.metrics.get("marking")).get("config"))
-    k_bytes = _num(marking.get("k_bytes")) or _num(marking.get("kmin_bytes"))
+    marking = dict_of(dict_of(sec.metrics.get("marking")).get("config"))
+    k_bytes = num(marking.get("k_bytes")) or num(marking.get("kmin_bytes"))
     vmax = max(max(r[3]) for r in shown)
-    title = _title("Queue occupancy over time", sec)
+    title = spec_title("Queue occupancy over time", sec)
     worst_label, worst, _, worst_q = shown[0]
 
     def draw(fig: Any, limit: float) -> str:
@@ -189,21 +189,21 @@ def _queue_spec(sec: Section, limit_bytes: float | None) -> _Spec | Skipped:
                 f"through it. Deepest: {worst_label} at {max(worst_q):.0f} kB{full}, "
                 f"{worst.get('drops', 0)} drops.")
 
-    return _Spec(name, "queue", sec.name, 4.5, vmax, draw)
+    return Spec(name, "queue", sec.name, 4.5, vmax, draw)
 
 
-def _goodput_spec(sec: Section) -> _Spec | Skipped:
+def goodput_spec(sec: Section) -> Spec | Skipped:
     """Per-flow goodput, beside the offered rate where the flow had one."""
-    name = _name("goodput", sec)
-    flows = [f for f in sec.flows if _num(f.get("goodput_bps")) is not None]
+    name = spec_name("goodput", sec)
+    flows = [f for f in sec.flows if num(f.get("goodput_bps")) is not None]
     if not flows:
         return Skipped(name, f"{sec.label}: no flow has a goodput")
-    good = [(_num(f.get("goodput_bps")) or 0.0) / 1e6 for f in flows]
-    offered = [(_num(f.get("offered_bps")) or 0) / 1e6 for f in flows]
+    good = [(num(f.get("goodput_bps")) or 0.0) / 1e6 for f in flows]
+    offered = [(num(f.get("offered_bps")) or 0) / 1e6 for f in flows]
     has_offered = any(o > 0 for o in offered)
     vmax = max(good + offered)
-    title = _title("Goodput per flow", sec)
-    labels = [_flow_label(f, via=True) for f in flows]
+    title = spec_title("Goodput per flow", sec)
+    labels = [flow_label(f, via=True) for f in flows]
 
     def draw(fig: Any, limit: float) -> str:
         ax = fig.add_subplot()
@@ -241,4 +241,4 @@ def _goodput_spec(sec: Section) -> _Spec | Skipped:
                 f"crossed a shared or congested link. Total {total:.1f} Mbit/s; "
                 f"slowest {lo:.1f}, fastest {hi:.1f} Mbit/s.")
 
-    return _Spec(name, "goodput", sec.name, 4.5, vmax, draw)
+    return Spec(name, "goodput", sec.name, 4.5, vmax, draw)

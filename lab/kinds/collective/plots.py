@@ -1,0 +1,66 @@
+"""The collective kind's plots: the distribution of step times, phase beside phase.
+
+Specifications only (``lab.plotting``); ``lab.report`` draws them before the plots every
+run gets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lab.model.stats import percentile
+from lab.plotting.plots import Skipped, Spec
+from lab.plotting.sections import Section, dict_of, dicts_of, num
+
+
+def _step_times(result: dict[str, Any], secs: list[Section]) -> list[tuple[str, list[float]]]:
+    """Measured (non-warm-up) step times per phase, in ms."""
+    series = [(s.name, s.metrics.get("step_series")) for s in secs if s.name]
+    if not any(isinstance(x, list) for _, x in series):
+        series = [("job", dict_of(result.get("metrics")).get("step_series"))]
+    out = []
+    for name, steps in series:
+        ms = [1000 * v for st in dicts_of(steps)
+              if not st.get("warmup") and (v := num(st.get("step_s"))) is not None]
+        if ms:
+            out.append((name, ms))
+    return out
+
+
+def _step_cdf_spec(result: dict[str, Any], secs: list[Section]) -> Spec | Skipped:
+    """CDF of the job's step times, one line per phase."""
+    phases = _step_times(result, secs)
+    if not phases:
+        return Skipped("step-cdf", "no measured steps in metrics.step_series")
+    vmax = max(max(ms) for _, ms in phases)
+    stats = [(n, percentile(ms, 50), percentile(ms, 99), len(ms)) for n, ms in phases]
+
+    def draw(fig: Any, limit: float) -> str:
+        ax = fig.add_subplot()
+        for (name, ms), (_, p50, p99, n) in zip(phases, stats, strict=True):
+            xs = sorted(ms)
+            ys = [(i + 1) / len(xs) for i in range(len(xs))]
+            ax.step([xs[0], *xs], [0.0, *ys], where="post", lw=1.5,
+                    label=f"{name}: n={n}, p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+        ax.set_xlim(0, limit * 1.05)
+        ax.set_ylim(0, 1.02)
+        ax.set_title("Step time CDF" + (" per phase" if len(phases) > 1 else ""))
+        ax.set_xlabel("step time (ms)")
+        ax.set_ylabel("fraction of steps ≤ x")
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3)
+        best = min(stats, key=lambda s: s[1])
+        worst = max(stats, key=lambda s: s[2])
+        return ("The share of training steps that finished within a given time (warm-up "
+                "steps left out). A steep line is a steady job; a line that bends right "
+                "late is a tail of slow steps that waited on a congested link (a hash "
+                "collision, a checkpoint, an incast). Every GPU waits for the slowest "
+                f"rank, so the tail is what the job pays. Fastest median: {best[0]} "
+                f"{best[1]:.0f} ms; longest tail: {worst[0]} p99 {worst[2]:.0f} ms.")
+
+    return Spec("step-cdf", "step-cdf", "", 4.5, vmax, draw)
+
+
+def run_plots(result: dict[str, Any], secs: list[Section]) -> list[Spec | Skipped | None]:
+    """Plots of the whole run, before the per-phase ones."""
+    return [_step_cdf_spec(result, secs)]

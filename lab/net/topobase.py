@@ -1,0 +1,146 @@
+"""What every topology is made of: rates, queues and size limits, host addresses, the
+checks of a topology's parameters, and ``FabricTopo`` (Mininet's ``Topo`` with the lab's
+links). The topologies (``lab.net.topologies``) and the BGP edge (``lab.net.edge``) are
+built on it, so neither needs the other.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from mininet.topo import Topo
+
+from lab.model.checks import check_int
+from lab.model.errors import MachineError, TopologyError
+from lab.net.links import Netem, check_netem
+
+DEFAULT_FABRIC_MBPS = 100.0
+DEFAULT_HOST_MBPS = 50.0
+DEFAULT_QUEUE_BYTES = 150_000
+#: htb with a 64 KiB burst stays accurate up to here; beyond it the datapath, not the
+#: configured link, would be the bottleneck (the userspace datapath here carries ~8 Gbit/s:
+#: shape far below it).
+MAX_LINK_MBPS = 1000.0
+#: The largest fabric the lab will try to bring up on one machine. Every switch is a bridge
+#: of one userspace ovs-vswitchd and every host a namespace with its own traffic, all on the
+#: same cores. Measured on the 2-core CI machine (README, "Scale beyond one machine"): a
+#: fat-tree k=4 runs with valid fidelity, k=6 and k=8 come up (12 s, 35 s) but their runs
+#: are CPU-bound and flagged invalid; beyond this limit bring-up alone takes minutes. A
+#: bigger machine moves the fidelity line, not this guard. Planning a split over several
+#: machines (``fabriclab topo --workers``) is not bound by it.
+MAX_SWITCHES = 128
+MAX_HOSTS = 256
+_machine_limits: ContextVar[bool] = ContextVar("machine_limits", default=True)
+
+_DPID_BASE = {"spine": 0x100, "core": 0x100, "leaf": 0x200, "agg": 0x200, "edge": 0x300}
+
+
+@dataclass(frozen=True)
+class HostAddr:
+    ip: str
+    mac: str
+
+
+def host_addr(n: int) -> HostAddr:
+    """Address of host ``h<n>``: 10.0.0.n/8 style, unique for n < 2**16."""
+    return HostAddr(ip=f"10.0.{n >> 8}.{n & 0xFF}", mac=f"00:00:00:00:{n >> 8:02x}:{n & 0xFF:02x}")
+
+
+def _check_rate(field: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TopologyError(field, f"expected a rate in Mbit/s, got {value!r}")
+    if not 0 < value <= MAX_LINK_MBPS:
+        raise TopologyError(field, f"{value} Mbit/s is a rate the link model cannot do "
+                            f"faithfully (0 < rate <= {MAX_LINK_MBPS:g} Mbit/s)")
+    return float(value)
+
+
+def check_size(field: str, what: str, switches: int, hosts: int) -> None:
+    """Refuse, naming ``field``, a fabric larger than MAX_SWITCHES or MAX_HOSTS."""
+    if _machine_limits.get() and (switches > MAX_SWITCHES or hosts > MAX_HOSTS):
+        raise TopologyError(field, f"{what} gives {switches} switches and {hosts} hosts, more "
+                            f"than one machine emulates faithfully (at most {MAX_SWITCHES} "
+                            f"switches and {MAX_HOSTS} hosts)")
+
+
+def _check_links(host_bw: object, fabric_bw: object,
+                 queue_bytes: object) -> tuple[float, float, int]:
+    """The link parameters every fabric shares, checked."""
+    return (_check_rate("topology.host_bw", host_bw),
+            _check_rate("topology.fabric_bw", fabric_bw),
+            check_int("topology.queue_bytes", queue_bytes, 3000, 64_000_000))
+
+
+#: The fabric's own link parameters (switch to switch), as a scenario names them.
+NETEM_FIELDS = ("topology.link_delay_ms", "topology.link_jitter_ms", "topology.link_loss_pct")
+
+
+def _check_fabric_netem(delay_ms: object, jitter_ms: object, loss_pct: object) -> Netem:
+    """Propagation delay (one way, per link), jitter and loss of every switch-to-switch link.
+
+    Host links keep none: the hosts' NIC queues are rebuilt by the collective kind's storage
+    classes, and a rack's own RTT stays the emulator's. A path leaf -> spine -> leaf gets
+    2 x delay each way, an inter-pod fat-tree path 4 x.
+    """
+    return check_netem(NETEM_FIELDS, delay_ms, jitter_ms, loss_pct)
+
+
+def refuse_without_netem(topo_desc: dict[str, object], netem: bool) -> None:
+    """Before anything starts: a fabric asking for delay, jitter or loss on a kernel without
+    netem is refused, naming the first value asked for (the links would refuse it too, but
+    only once the fabric is half up)."""
+    params = topo_desc.get("params")
+    if netem or not isinstance(params, dict):
+        return
+    for field in NETEM_FIELDS:
+        key = field.removeprefix("topology.")
+        if params.get(key):
+            raise MachineError(field, f"{params[key]:g} asked for, but this kernel has no "
+                               "netem: delay, jitter and loss cannot be emulated here (see "
+                               "`fabriclab doctor`)")
+
+
+class FabricTopo(Topo):
+    """Common bookkeeping: tiers, host addresses, link rates, oversubscription."""
+
+    kind = "fabric"
+
+    def __init__(self, **params: object) -> None:
+        self.roles: dict[str, str] = {}
+        self.params: dict[str, object] = {}
+        self.oversubscription = 1.0
+        super().__init__(**params)
+
+    def add_fabric_switch(self, role: str, index: int) -> str:
+        name = f"{role}{index}"
+        self.addSwitch(name, dpid=f"{_DPID_BASE[role] + index:016x}", protocols="OpenFlow13")
+        self.roles[name] = role
+        return name
+
+    def add_fabric_host(self, index: int) -> str:
+        name = f"h{index}"
+        addr = host_addr(index)
+        self.addHost(name, ip=f"{addr.ip}/8", mac=addr.mac)
+        self.roles[name] = "host"
+        return name
+
+    def shaped(self, bw: float, queue_bytes: int,
+               netem: Netem | None = None) -> dict[str, object]:
+        """A link's parameters for ``addLink``: rate, byte queue and, if any, netem's."""
+        params: dict[str, object] = {"bw": bw, "queue_bytes": queue_bytes}
+        if netem is not None and netem.active:
+            # A kernel without netem refuses the link naming the first value asked for.
+            asked = [f for f, v in zip(NETEM_FIELDS, netem.as_dict().values(), strict=True) if v]
+            params.update(netem.as_dict(), netem_field=asked[0])
+        return params
+
+    def role(self, name: str) -> str:
+        return self.roles[name]
+
+    def on_fabric(self, name: str) -> bool:
+        """Switches, hosts and gateways: what the controller programs and forwards for.
+
+        Routers and hosts behind them (``lab.net.edge``) are outside the fabric."""
+        return self.roles.get(name) in {"host", "media", "origin", "gateway",
+                                        *_DPID_BASE}
