@@ -155,15 +155,9 @@ class JobRun(JobPrograms):
             # first chunk again (RDMA transports do not): an artefact of TCP, not the fabric.
             self.host(h["name"]).cmd("sysctl -qw net.ipv4.tcp_slow_start_after_idle=0")
 
-    def host(self, name: str) -> Any:
-        return self.fabric.host(name)
-
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.fabric.controller is not None
         return self.fabric.controller.request(msg)
-
-    def spawn(self, host: str, argv: list[str], log: Path, what: str) -> subprocess.Popen:
-        return programs.spawn(self.fabric, host, argv, log, what)
 
     # -- planning -----------------------------------------------------------------------------
     def conns_for(self, pp: dict[str, Any], hosts: list[str]) -> list[Conn]:

@@ -11,7 +11,6 @@ import itertools
 import json
 import shlex
 import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -392,7 +391,6 @@ class EdgeRun:
             by_dst.setdefault(s.dst, []).append(s)
         ready = []
         for dst, group in by_dst.items():
-            node = self.host(dst)
             rf = work / f"{dst}.ready"
             cmd = [*agents.command("streamer"), "play", "--proto", group[0].proto,
                    "--bind", group[0].dst_ip, "--port", str(group[0].dport),
@@ -401,10 +399,8 @@ class EdgeRun:
                    # start after every player is ready, which may take programs.READY_TIMEOUT_S.
                    "--timeout", f"{duration + programs.READY_TIMEOUT_S + 25:g}",
                    "--ready-file", str(rf), "--out", str(work / f"{dst}.play.json")]
-            proc = node.popen(cmd, stdout=open(work / f"{dst}.play.log", "wb"),  # noqa: SIM115
-                              stderr=subprocess.STDOUT)
-            self.fabric.record.add_pid(proc.pid, f"player {dst}")
-            procs.append(proc)
+            procs.append(programs.spawn(self.fabric, dst, cmd, work / f"{dst}.play.log",
+                                        f"player {dst}"))
             ready.append(rf)
         # A player says it is ready by its file; one that died is reported at once.
         dead, waiting = programs.wait_ready(ready, procs, stop_at_death=True)
@@ -425,10 +421,8 @@ class EdgeRun:
                    "--ready-file", str(work / f"{s.stream_id}.send.ready")]
             if s.proto == "tcp":
                 cmd += ["--cc", sp["cc"]]
-            log = open(work / f"{s.stream_id}.send.log", "wb")  # noqa: SIM115
-            proc = self.host(s.src).popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-            self.fabric.record.add_pid(proc.pid, f"sender {s.id}")
-            procs.append(proc)
+            procs.append(programs.spawn(self.fabric, s.src, cmd,
+                                        work / f"{s.stream_id}.send.log", f"sender {s.id}"))
         # Every stream of the phase starts at once, when all are connected.
         programs.go([work / f"{s.stream_id}.send.ready" for s in streams], procs)
         return procs
