@@ -32,8 +32,6 @@ from lab.net.topologies import build_defaults, describe, make_topology
 #: A phase whose least idle second had less CPU to spare than this ran CPU-bound: its
 #: numbers describe the emulator, not the network, and are flagged invalid.
 MIN_CPU_IDLE_PCT = 10.0
-SAMPLE_HZ = 10.0
-
 
 
 @dataclass
@@ -71,7 +69,10 @@ def check_input(name: str, policy: str | None = None, sets: list[str] | None = N
     if params["policy"] != "all":
         policy_names(str(params["policy"]))
     scenario.validate(params, kind.SCHEMA)
-    params["rate_scale"] = float(params.get("rate_scale", environment.vm_rate_scale()))
+    if hasattr(kind, "topology_defaults"):     # what the kind's run needs of its topology
+        params["topology"] = {**kind.topology_defaults(params), **params.get("topology", {})}
+    params["rate_scale"] = float(params.get(
+        "rate_scale", environment.vm_rate_scale(params.get("tcg_rate_scale"))))
     if params["rate_scale"] != 1.0:
         topo = params.get("topology", {})
         defaults = {**getattr(kind, "DEFAULTS", {}),

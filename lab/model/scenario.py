@@ -62,6 +62,10 @@ COMMON_SCHEMA: dict[str, Param] = {
     "seed": Param(int, 0, 2**31 - 1),
     # Every rate and size times this (a profile for slow machines; see scale_rates).
     "rate_scale": Param(float, 0.01, 1.0),
+    # The rate_scale this scenario takes in a guest without hardware virtualisation, where
+    # unset (default: environment.TCG_RATE_SCALE): a scenario with many programs per host
+    # needs a lower one to leave the emulator CPU headroom there.
+    "tcg_rate_scale": Param(float, 0.01, 1.0),
 }
 
 #: A value is a rate or a size when its key ends so (Mbit/s bandwidths and rates, bytes of

@@ -12,7 +12,10 @@
   holds the ingest media servers and the origin, ``leaf2`` the DC core router ``dccore``,
   which is the fabric's gateway to everything outside.
 * ``dccore`` and the border routers share AS 65000 (iBGP over every core link, next-hop-self);
-  every border has ``uplinks`` parallel eBGP links to every ISP. Every session runs BFD.
+  every border has ``uplinks`` parallel eBGP links to every ISP. With ``bfd`` (the default)
+  every session runs BFD, which a failover needs to notice a silent cut in time. Without a cut
+  to notice it is only cost: a bfdd per router sending every 100 ms on every session took
+  ~45 % of a core in a guest without hardware virtualisation.
 * Each ISP has one CDN node and one anchor (a streamer pushing into the DC) behind it.
 * The uplinks are WAN links: ``wan_delay_ms`` of one-way propagation delay (netem) in each
   direction, where the kernel has netem. Without netem they have none, and the streaming
@@ -32,6 +35,7 @@ from ipaddress import IPv4Network
 from typing import Any
 
 from lab.model.checks import check_int
+from lab.model.errors import TopologyError
 from lab.net.bgp import Router
 from lab.net.frr import BgpTopo, FrrRouter
 from lab.net.links import ShapedLink, check_netem
@@ -61,7 +65,7 @@ class StreamingEdge(FabricTopo, BgpTopo):
               uplinks: int = 2, core_links: int = 2, host_bw: float = 50.0,
               fabric_bw: float = 100.0, core_bw: float = 100.0, uplink_bw: float = 20.0,
               access_bw: float = 100.0, queue_bytes: int = 150_000,
-              wan_delay_ms: float = DEFAULT_WAN_DELAY_MS) -> None:
+              wan_delay_ms: float = DEFAULT_WAN_DELAY_MS, bfd: bool = True) -> None:
         spines = check_int("topology.spines", spines, 1, 8)
         servers = check_int("topology.servers", servers, 1, 32)
         borders = check_int("topology.borders", borders, 1, 4)
@@ -73,11 +77,14 @@ class StreamingEdge(FabricTopo, BgpTopo):
         uplink_bw = _check_rate("topology.uplink_bw", uplink_bw)
         access_bw = _check_rate("topology.access_bw", access_bw)
         self.wan = check_netem(("topology.wan_delay_ms", "", ""), wan_delay_ms)
+        if not isinstance(bfd, bool):
+            raise TopologyError("topology.bfd", f"expected true or false, got {bfd!r}")
+        self.bfd = bfd
         self.params = {"spines": spines, "servers": servers, "borders": borders, "isps": isps,
                        "uplinks": uplinks, "core_links": core_links, "host_bw": host_bw,
                        "fabric_bw": fabric_bw, "core_bw": core_bw, "uplink_bw": uplink_bw,
                        "access_bw": access_bw, "queue_bytes": queue_bytes,
-                       "wan_delay_ms": self.wan.delay_ms}
+                       "wan_delay_ms": self.wan.delay_ms, "bfd": bfd}
         self.queue_bytes = queue_bytes
         self._p2p = P2P_POOL.subnets(new_prefix=30)
         # Router links by role, in build order: what telemetry and the report name.
@@ -137,7 +144,7 @@ class StreamingEdge(FabricTopo, BgpTopo):
 
     def _router_link(self, a: str, b: str, bw: float, role: str) -> None:
         subnet = str(next(self._p2p))
-        link = self.bgp.add_link(a, b, subnet, bgp=True, bfd=True, bw=bw)
+        link = self.bgp.add_link(a, b, subnet, bgp=True, bfd=self.bfd, bw=bw)
         wan: dict[str, object] = {}
         if role == "uplink" and self.wan.active:
             # Applied where the kernel has netem, skipped where it has not: the kind reads

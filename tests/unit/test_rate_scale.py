@@ -61,6 +61,22 @@ def test_a_tcg_guest_takes_the_profile_unless_told(monkeypatch):
     assert run.check_input("ecmp-basic").params["rate_scale"] == 1.0
 
 
+def test_a_scenario_may_carry_its_own_tcg_profile(monkeypatch, tmp_path):
+    """tcg_rate_scale is the scenario's profile in a TCG guest only; rate_scale still wins."""
+    path = tmp_path / "many.yaml"
+    path.write_text("name: many\nkind: ecmp\npolicy: hash5\ntcg_rate_scale: 0.1\n"
+                    "topology: {type: leafspine, fabric_bw: 100}\n"
+                    "traffic: {flows: 4, proto: tcp, load: 0.5, pairs: 0, cc: cubic}\n")
+    assert run.check_input(str(path)).params["rate_scale"] == 1.0
+    monkeypatch.setenv(environment.VM_ENV, json.dumps({"accelerator": "tcg", "vcpus": 2}))
+    tcg = run.check_input(str(path))
+    assert tcg.params["rate_scale"] == 0.1
+    assert tcg.params["topology"]["fabric_bw"] == 10.0
+    assert run.check_input(str(path), sets=["rate_scale=0.5"]).params["rate_scale"] == 0.5
+    with pytest.raises(ScenarioError, match="tcg_rate_scale"):
+        run.check_input(str(path), sets=["tcg_rate_scale=2"])
+
+
 @pytest.mark.parametrize("value", ["0", "1.5", "fast"])
 def test_a_bad_ratio_is_refused_naming_it(value):
     with pytest.raises(ScenarioError, match="rate_scale"):

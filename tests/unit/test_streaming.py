@@ -99,3 +99,17 @@ def test_flow_counter_ruleset_and_parse():
     later = {("r-eth1", "out"): {("10.0.0.5", "203.0.113.10", "tcp", 40000, 9001): 6000}}
     assert routerstats.delta(later, got)[("r-eth1", "out")] == {
         ("10.0.0.5", "203.0.113.10", "tcp", 40000, 9001): 1500}
+
+
+def test_bfd_runs_only_where_a_failover_needs_it():
+    """BFD costs a bfdd per router sending every 100 ms: the edge runs it when a failover
+    phase has a silent cut to notice, and a scenario cannot turn it off for one."""
+    from lab import run
+    from lab.model.errors import ScenarioError
+    assert run.check_input("streaming-incident").topo_desc["params"]["bfd"] is True
+    some = run.check_input("streaming-incident", sets=["phases=before-upgrade,incident"])
+    assert some.topo_desc["params"]["bfd"] is False
+    assert run.check_input("streaming-incident", sets=["phases=failover-link"]
+                           ).topo_desc["params"]["bfd"] is True
+    with pytest.raises(ScenarioError, match=r"topology\.bfd"):
+        run.check_input("streaming-incident", sets=["phases=failover-link", "topology.bfd=false"])

@@ -32,10 +32,10 @@ from typing import Any
 from lab.kinds.streaming.metrics import analyse, summary_rows, wan_fidelity
 from lab.kinds.streaming.plots import run_plots, section_plots
 from lab.kinds.streaming.runner import keep_logs, run
-from lab.kinds.streaming.streamplan import PHASES, SCHEMA, plan
+from lab.kinds.streaming.streamplan import PHASES, SCHEMA, plan, topology_defaults
 
 __all__ = ["PHASES", "SCHEMA", "analyse", "keep_logs", "plan", "regress_metrics", "run",
-           "run_plots", "section_plots", "summary_rows", "wan_fidelity"]
+           "run_plots", "section_plots", "summary_rows", "topology_defaults", "wan_fidelity"]
 
 
 def regress_metrics(result: dict[str, Any]) -> dict[str, float]:

@@ -79,6 +79,12 @@ def phase_names(params: dict[str, Any]) -> list[str]:
     return [p for p in PHASES if p in names]
 
 
+def topology_defaults(params: dict[str, Any]) -> dict[str, Any]:
+    """What the edge needs for the phases asked for, where the scenario does not say: BFD on
+    its sessions only when a failover phase has a cut for it to notice."""
+    return {"bfd": any(p.startswith("failover") for p in phase_names(params))}
+
+
 def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> None:
     """Cross-field checks the per-key schema cannot make."""
     tp = topo_desc["params"]
@@ -97,7 +103,10 @@ def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> None:
     if f["restore_at"] >= params["duration"]:
         raise ScenarioError("failover.restore_at", f"must fall inside the phase "
                             f"(duration {params['duration']:g} s)")
-    phase_names(params)
+    failover = any(p.startswith("failover") for p in phase_names(params))
+    if failover and not tp.get("bfd", True):
+        raise ScenarioError("topology.bfd", "the failover phases need BFD to notice a silent "
+                            "cut (leave topology.bfd out, or the failover phases)")
 
 
 def plan(topo_desc: dict[str, Any], params: dict[str, Any],
