@@ -31,8 +31,14 @@ SINK_PORT = 7300          # the incast receiver
 STORAGE_PORT = 7400       # every storage server
 BURST_PORT = 7500         # the UDP micro-burst receiver
 
+#: Who moves the ring's bytes: the lab's own ring (``lab.agents.ring``, every 5-tuple fixed
+#: in advance) or PyTorch's gloo (``lab.agents.gloorank``, its connections found after
+#: rendezvous: ``lab.kinds.collective.gloo``).
+LIBRARIES = ("synthetic", "gloo")
+
 SCHEMA: dict[str, Param] = {
     "job.pattern": Param(str, choices=("ring", "incast")),
+    "job.library": Param(str, choices=LIBRARIES),
     "job.workers": Param(int, 2, 64),
     "job.size_bytes": Param(int, 1, 1 << 30),
     "job.steps": Param(int, 1, 10_000),
@@ -69,7 +75,8 @@ SCHEMA: dict[str, Param] = {
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "job": {"pattern": "ring", "workers": 8, "size_bytes": 1 << 20, "steps": 20, "warmup": 1,
+    "job": {"pattern": "ring", "library": "synthetic", "workers": 8, "size_bytes": 1 << 20,
+            "steps": 20, "warmup": 1,
             "compute_s": 0.05, "jitter_s": 0.0, "buckets": 1, "straggler_rank": -1,
             "straggler_s": 0.0, "epoch_steps": 0, "cc": "cubic", "ecn": False},
     "placement": {"hosts": "packed", "paths": "hash", "receiver": ""},
@@ -149,7 +156,9 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
     job = pp["job"]
     f = _field_namer(name, over or {})
     n = job["workers"]
-    if job["pattern"] == "ring" and job["size_bytes"] % (n * job["buckets"]):
+    if job["library"] == "gloo":
+        check_gloo(job, f)
+    elif job["pattern"] == "ring" and job["size_bytes"] % (n * job["buckets"]):
         raise ScenarioError(f("job.size_bytes"), f"{job['size_bytes']} bytes do not split "
                             f"into {n} ranks x {job['buckets']} buckets of whole chunks "
                             f"(make it a multiple of {n * job['buckets']})")
@@ -192,6 +201,25 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
                             "receiver; set job.pattern: incast")
     if pp["microburst"]["senders"] > n - 1:
         raise ScenarioError(f("microburst.senders"), f"at most {n - 1} (the job's senders)")
+
+
+def check_gloo(job: dict[str, Any], f: Any) -> None:
+    """What the gloo job cannot do: the incast (the lab's own pattern, no library call),
+    overlapped buckets (one all_reduce per step), a size that is not whole float32s."""
+    if job["pattern"] != "ring":
+        raise ScenarioError(f("job.library"), "gloo runs the All-Reduce (job.pattern: ring); "
+                            "the incast is the lab's own pattern")
+    if job["size_bytes"] % 4:
+        raise ScenarioError(f("job.size_bytes"), f"{job['size_bytes']} bytes are not whole "
+                            "float32 elements for gloo (make it a multiple of 4)")
+    if job["buckets"] != 1:
+        raise ScenarioError(f("job.buckets"), "gloo runs one all_reduce per step here; "
+                            "buckets must be 1")
+
+
+def uses_gloo(phases: dict[str, dict[str, Any]]) -> list[str]:
+    """The phases whose job runs on gloo."""
+    return [n for n, pp in phases.items() if pp["job"]["library"] == "gloo"]
 
 
 def phases_to_skip(params: dict[str, Any], phases: dict[str, dict[str, Any]],
