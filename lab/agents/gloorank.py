@@ -177,6 +177,9 @@ class GlooRank:
     def _step(self, step: int, epoch: int, group: Any, grad: Any) -> dict[str, Any]:
         """One step: compute, all-reduce (checked: every rank's r+1 summed), barrier."""
         a, dist = self.args, self.dist
+        warmup = step < a.warmup
+        if a.sizes:
+            warmup = step % a.steps < a.warmup
         grad.fill_(a.rank + 1)                 # before the step: not part of its time
         retrans0 = self._retrans(epoch)
         t_start = now()
@@ -192,7 +195,8 @@ class GlooRank:
                                   f"expected {want}")
         compute_s, step_s = t_compute_end - t_start, t_end - t_start
         return {
-            "step": step, "epoch": epoch, "warmup": step < a.warmup,
+            "step": step, "epoch": epoch, "warmup": warmup,
+            "size_bytes": int(grad.numel()) * ELEMENT_BYTES,
             "t_start": stamp(t_start), "t_compute_end": stamp(t_compute_end),
             "t_comm_start": stamp(t_compute_end), "t_comm_end": stamp(t_comm_end),
             "t_end": stamp(t_end), "compute_s": stamp(compute_s),
@@ -210,16 +214,18 @@ class GlooRank:
         write_json({"rank": a.rank, "groups": self.groups}, a.conns_out)
         if not golatch.ready_then_wait(a.ready_file, a.connect_timeout_s):
             raise CollectiveError(f"no go from the lab within {a.connect_timeout_s:g} s")
-        grad = torch.zeros(a.size // ELEMENT_BYTES, dtype=torch.float32)
+        # One tensor per size (a sweep: --steps steps of each, in order), made before the go.
+        grads = [torch.zeros(size // ELEMENT_BYTES, dtype=torch.float32)
+                 for size in a.sizes or [a.size]]
         self.dist.barrier(group=groups[0])     # every rank starts step 0 together
         self.t_ready = now()
         epoch = 0
-        for step in range(a.steps):
+        for step in range(a.steps * len(grads)):
             e = step // a.epoch_steps if a.epoch_steps else 0
             if e != epoch:
                 epoch = e
                 self.dist.barrier(group=groups[e])   # lined up again, outside step time
-            self.steps.append(self._step(step, e, groups[e], grad))
+            self.steps.append(self._step(step, e, groups[e], grads[step // a.steps]))
 
     def close(self) -> None:
         """Each connection's TCP_INFO (both ends report theirs), then leave the group."""
@@ -241,6 +247,7 @@ class GlooRank:
         return {
             "mode": "ring", "library": "gloo", "torch": self.torch_version,
             "algorithm": ALGORITHM, "rank": a.rank, "world": a.world, "size_bytes": a.size,
+            "sizes": a.sizes or [],
             "buckets": 1, "clock": "monotonic", "master": f"{a.master[0]}:{a.master[1]}",
             "iface": a.iface, "steps_requested": a.steps, "compute_s": a.compute_s,
             "jitter_s": a.jitter_s, "seed": a.seed, "straggler_rank": a.straggler_rank,

@@ -192,6 +192,9 @@ def validate_ring(a: argparse.Namespace) -> None:
                          f"world*buckets = {a.world * a.buckets} (equal chunks per bucket)")
     if a.steps < 1:
         raise UsageError("steps", f"must be >= 1, got {a.steps}")
+    _check_sizes(a, a.world, "multiple of world = {m}")
+    if a.sizes and a.buckets != 1:
+        raise UsageError("buckets", "a size sweep runs one bucket per step")
     if a.warmup < 0:
         raise UsageError("warmup", f"must be >= 0, got {a.warmup}")
     if a.epoch_steps < 0:
@@ -213,6 +216,15 @@ def validate_ring(a: argparse.Namespace) -> None:
     _check_common(a)
 
 
+def _check_sizes(a: argparse.Namespace, multiple: int, what: str) -> None:
+    """A sweep's sizes: each a positive multiple the library can split."""
+    for size in a.sizes or []:
+        if size <= 0 or size % multiple:
+            raise UsageError("sizes", f"{size} must be a positive " + what.format(m=multiple))
+    if a.sizes and a.epoch_steps:
+        raise UsageError("epoch_steps", "a size sweep keeps its connections (0)")
+
+
 def validate_gloo(a: argparse.Namespace) -> None:
     """Reject impossible gloo jobs before torch is even imported (exit 2, the field named)."""
     if a.world < 2:
@@ -222,6 +234,7 @@ def validate_gloo(a: argparse.Namespace) -> None:
     if a.size <= 0 or a.size % ELEMENT_BYTES:
         raise UsageError("size_bytes", f"{a.size} must be a positive multiple of "
                          f"{ELEMENT_BYTES} (gloo reduces float32 elements)")
+    _check_sizes(a, ELEMENT_BYTES, "multiple of {m} (float32 elements)")
     if len(a.peers) != a.world:
         raise UsageError("peers", f"{len(a.peers)} addresses given for {a.world} ranks")
     for name in ("steps",):
@@ -288,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     ring.add_argument("--epoch-steps", type=int, default=0,
                       help="reconnect from the next source port every E steps (0: never)")
     ring.add_argument("--cc", help="TCP congestion control (default: the system's)")
+    ring.add_argument("--sizes", type=_ports, help="a size sweep: --steps steps of each of "
+                      "these gradient sizes in bytes, in order (--size is then unused)")
     _add_common(ring)
 
     gl = sub.add_parser("gloo", help="one rank of the same job on PyTorch's gloo")
@@ -308,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     gl.add_argument("--straggler-s", type=float, default=0.0)
     gl.add_argument("--epoch-steps", type=int, default=0,
                     help="a new process group (new connections) every E steps (0: never)")
+    gl.add_argument("--sizes", type=_ports, help="a size sweep: --steps steps of each of "
+                    "these gradient sizes in bytes, in order (--size is then unused)")
     gl.add_argument("--conns-out", required=True,
                     help="where gloo's connections are written once rendezvous is done")
     gl.add_argument("--ready-file", required=True, help="written once ready for the go")

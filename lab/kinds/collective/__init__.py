@@ -38,7 +38,11 @@ def analyse(result: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
-    rows = [(name, phase_line(mt)) for name, mt in result["metrics"]["phases"].items()]
+    rows = []
+    for name, mt in result["metrics"]["phases"].items():
+        rows.append((name, phase_line(mt)))
+        if mt.get("sweep"):
+            rows += [("", line) for line in jm.sweep_table(mt["sweep"])]
     return rows + list((result["metrics"].get("phases_skipped") or {}).items())
 
 

@@ -141,6 +141,7 @@ class JobPrograms:
                     "--straggler-rank", str(job["straggler_rank"]),
                     "--straggler-s", str(job["straggler_s"]), "--buckets", str(job["buckets"]),
                     "--epoch-steps", str(job["epoch_steps"]), "--cc", job["cc"],
+                    *sweep_args(job),
                     "--connect-timeout-s", "20", "--out", str(work / f"rank{r}.json")]
             procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"ring rank {r}"))
         return procs
@@ -163,7 +164,7 @@ class JobPrograms:
                     "--jitter-s", str(job["jitter_s"]), "--seed", str(self.plan.params["seed"]),
                     "--straggler-rank", str(job["straggler_rank"]),
                     "--straggler-s", str(job["straggler_s"]),
-                    "--epoch-steps", str(job["epoch_steps"]),
+                    "--epoch-steps", str(job["epoch_steps"]), *sweep_args(job),
                     # torch's import and rendezvous of N ranks on two cores: tens of seconds
                     "--connect-timeout-s", str(programs.READY_TIMEOUT_S),
                     "--conns-out", str(work / f"rank{r}.conns.json"),
@@ -227,6 +228,11 @@ class JobPrograms:
         out = {"senders": senders, "recv": load(work / "burst-recv.json"),
                "sent": {h: load(work / f"burst-{h}.json") for h in senders}}
         return out
+
+
+def sweep_args(job: dict[str, Any]) -> list[str]:
+    """``--sizes`` for a size sweep, nothing otherwise."""
+    return ["--sizes", ",".join(map(str, job["sizes"]))] if job["sizes"] else []
 
 
 def wait(proc: subprocess.Popen, timeout_s: float) -> None:

@@ -352,7 +352,11 @@ class JobRun(JobPrograms):
     def drive(self, name: str, ph: Phase) -> Drive:
         """The job's programs (and storage's) from start to exit, inside one window."""
         pp, job, work = ph.pp, ph.pp["job"], ph.work
-        estimate = job["steps"] * (job["compute_s"] + job["straggler_s"] + 2.0) + 20
+        sizes = job["sizes"] or [job["size_bytes"]]
+        slowest = min(self.bw.values())
+        # every step's compute, plus its bytes at a quarter of the slowest link's rate
+        estimate = job["steps"] * sum(job["compute_s"] + job["straggler_s"] + 2.0
+                                      + 4 * 2 * size * 8 / slowest for size in sizes) + 20
         bridges = [s["name"] for s in self.topo["switches"]]
         sampler = telemetry.Sampler(self.ports, hz=float(pp["sample_hz"]),
                                     controller=self.fabric.controller)
@@ -393,9 +397,11 @@ class JobRun(JobPrograms):
             if storage_ready or gloo_ready:   # every GPU's checkpoints together, with the job
                 programs.go(storage_ready + gloo_ready, clients + gloo_ranks)
             procs += [p for p in workers if p not in procs]
+            what = (f"{len(job['sizes'])} sizes {job['sizes'][0] / 1e6:g}-"
+                    f"{job['sizes'][-1] / 1e6:g} MB" if job["sizes"]
+                    else f"{job['size_bytes'] / 1e6:g} MB")
             self.progress(f"[{name}] {len(ph.hosts)} workers on {', '.join(ph.hosts)}: "
-                          f"{job['steps']} steps of {job['pattern']} "
-                          f"{job['size_bytes'] / 1e6:g} MB"
+                          f"{job['steps']} steps of {job['library']} {job['pattern']} {what}"
                           + (f", {len(ph.pinned)} paths placed" if ph.pinned else "")
                           + (f", ECN marking {ph.marking}" if ph.marking else ""))
             deadline = time.monotonic() + estimate
@@ -558,8 +564,10 @@ class JobRun(JobPrograms):
             if pp["storage"]["mode"] != "off":
                 checkpoints = [(c["t_start"], c["t_end"]) for r in range(len(hosts))
                                for c in load(work / f"client{r}.json").get("checkpoints", [])]
-            mt = jm.ring_metrics(outputs, len(hosts), job["size_bytes"],
+            mt = jm.ring_metrics(outputs, len(hosts), max(job["sizes"] or [job["size_bytes"]]),
                                  self.bottleneck_bps(job_flows), job_flows, checkpoints)
+            if job["sizes"]:
+                mt["sweep"] = jm.sweep_rows(outputs, len(hosts), self.bottleneck_bps(job_flows))
         else:
             rx = job_flows[0]["dst"]
             rate = self.bw[(self.leaf_of[rx], rx)]
