@@ -15,6 +15,10 @@ setup(
         "PyYAML>=6.0",
         "scapy>=2.5",       # 5-tuple traceroute probes (lab/agents/probe.py)
         "matplotlib>=3.7",  # report.html's plots (lab/report/)
+        # One NumPy for matplotlib and Debian's torch 1.13 (python3-torch, the gloo
+        # scenarios): torch's NumPy bridge is built for NumPy 1.x and fails under 2.x;
+        # matplotlib >= 3.10 wants >= 1.25, newer than Debian's own 1.24.
+        "numpy>=1.25,<2",
         "pytest>=8",        # the `fabric` fixture users import (lab/testing.py)
         # Counters and queues read over rtnetlink in-process, one socket per namespace
         # (lab/measure/telemetry.py): a `tc` spawn per sample ate a slow machine's CPU headroom.

@@ -184,7 +184,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     except LabError as exc:
         env.notes.append(str(exc))
     if args.json:
-        print(json.dumps(env.as_dict(), indent=1))
+        print(json.dumps({**env.as_dict(), "torch": environment.collective_library()},
+                         indent=1))
         return 0
     rows = [
         ("kernel", env.kernel),
@@ -199,6 +200,14 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     for name, version in env.runtimes.items():
         rows.append((f"runtime {name}", version or "not installed"))
     rows.append(("controller (default)", env.controller or "none"))
+    lib = environment.collective_library()
+    if lib["torch"]:
+        rows.append(("torch (gloo scenarios)", f"{lib['torch']}, gloo "
+                     + ("yes" if lib["gloo"] else "no") + f", NumPy {lib['numpy']} bridge "
+                     + ("ok" if lib["numpy_bridge"] else "broken")))
+    else:
+        rows.append(("torch (gloo scenarios)", environment.TORCH_MISSING
+                     + (f" ({lib['error']})" if lib.get("error") else "")))
     for k, v in rows:
         print(f"{k:22s} {v}")
     for note in env.notes:

@@ -151,13 +151,17 @@ def run_trials(scenario_name: str, policy: str, seeds: Sequence[int], out_root: 
 
 def validate_inputs(scenarios: Sequence[str], policies_: Sequence[str], sets: Sequence[str],
                     duration: float | None) -> None:
-    """Everything checked before the first fabric starts: scenarios, policies, --set."""
+    """Everything checked before the first fabric starts: scenarios, policies, --set, and
+    what each kind asks of the machine (e.g. PyTorch for ``library=gloo``)."""
     from lab import run as runmod
     if not scenarios:
         raise RegressError("scenarios", "no scenario to run")
     for name in scenarios:
         for policy in policies_:
-            runmod.make_plans(name, policy=policy, sets=list(sets), duration=duration, seed=1)
+            for plan in runmod.make_plans(name, policy=policy, sets=list(sets),
+                                          duration=duration, seed=1):
+                if hasattr(plan.kind, "prepare"):
+                    plan.kind.prepare(plan)
 
 
 # -- baselines ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Programs that run inside host namespaces. They import nothing of the lab outside this
-package (the standard library, scapy, and each other), so what runs in a host is small and
-its behaviour is its own.
+package (the standard library, scapy, torch for the gloo rank, and each other), so what
+runs in a host is small and its behaviour is its own.
 
 The lab starts one as ``command(name, ...)``: one place says how an agent is invoked.
 """

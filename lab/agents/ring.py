@@ -240,6 +240,8 @@ class RingRank:
         bucket_bytes = args.size // args.buckets
         # Preallocated once: the steady state allocates nothing and copies nothing in Python.
         self.buckets = [memoryview(bytearray(bucket_bytes)) for _ in range(args.buckets)]
+        #: A size sweep (``--sizes``): one buffer per size, ``--steps`` steps each, in order.
+        self.sweep = [memoryview(bytearray(size)) for size in args.sizes or []]
         self.rng = random.Random(args.seed + args.rank)
         self.steps: list[dict[str, Any]] = []
         self.connections: list[dict[str, Any]] = []
@@ -306,6 +308,11 @@ class RingRank:
     def _step(self, step: int, epoch: int) -> dict[str, Any]:
         """One training step and its JSON entry (times, and retransmits during the step)."""
         assert self.link.out is not None
+        warmup = step < self.args.warmup
+        if self.sweep:                     # this step's size: one buffer, no buckets
+            per = self.args.steps
+            self.buckets = [self.sweep[step // per]]
+            warmup = step % per < self.args.warmup
         retrans0 = tcp_u32(self.link.out, TOTAL_RETRANS_OFFSET)
         t_start = now()
         t_compute_end, t_comm_start, t_comm_end = self._communicate(t_start, self._compute_time())
@@ -313,7 +320,8 @@ class RingRank:
         t_end = now()
         compute_s, step_s = t_compute_end - t_start, t_end - t_start
         return {
-            "step": step, "epoch": epoch, "warmup": step < self.args.warmup,
+            "step": step, "epoch": epoch, "warmup": warmup,
+            "size_bytes": len(self.buckets) * len(self.buckets[0]),
             "t_start": stamp(t_start), "t_compute_end": stamp(t_compute_end),
             "t_comm_start": stamp(t_comm_start), "t_comm_end": stamp(t_comm_end),
             "t_end": stamp(t_end),
@@ -332,7 +340,7 @@ class RingRank:
         self._open_epoch(0)
         self.link.barrier()  # every rank starts step 0 together
         self.t_ready = now()
-        for step in range(a.steps):
+        for step in range(a.steps * max(1, len(self.sweep))):
             epoch = step // a.epoch_steps if a.epoch_steps else 0
             if epoch != self.epoch:
                 # A new epoch re-rolls the ECMP hash (new source port), like a job restart or a
@@ -355,6 +363,7 @@ class RingRank:
         a = self.args
         return {
             "mode": "ring", "rank": a.rank, "world": a.world, "size_bytes": a.size,
+            "sizes": a.sizes or [],
             "buckets": a.buckets, "cc": self.cc, "clock": "monotonic",
             "listen": fmt_addr(a.listen), "next": fmt_addr(a.next), "steps_requested": a.steps,
             "compute_s": a.compute_s, "jitter_s": a.jitter_s, "seed": a.seed,

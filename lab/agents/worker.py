@@ -23,6 +23,13 @@ Command lines::
         --steps K [--gap-s 0.05] [--connect-timeout-s 30] [--io-timeout-s 60] [--out FILE]
     python -m lab.agents.worker incast-send --connect IP:PORT --bind IP --sport P [--cc NAME] \\
         [--connect-timeout-s 30] [--io-timeout-s 60] [--out FILE]
+    python -m lab.agents.worker gloo --rank R --world N --master IP:PORT --peers IP,IP,... \\
+        --iface NAME --size BYTES --steps K --conns-out FILE --ready-file FILE [--warmup 1] \\
+        [--compute-s 0.1] [--jitter-s 0] [--seed 0] [--straggler-rank -1] [--straggler-s 0] \\
+        [--epoch-steps 0] [--connect-timeout-s 30] [--io-timeout-s 60] [--out FILE]
+
+``gloo`` is the same training rank on PyTorch's gloo (:mod:`lab.agents.gloorank`): the
+library, not the lab, opens and numbers its connections, and the rank reports them.
 
 Each writes one JSON document to ``--out`` (default stdout) when it ends - also when stopped by
 SIGTERM/SIGINT or failing, with ``error`` saying why. Exit status: 0 done; 1 the run broke (a
@@ -72,6 +79,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
 from lab.agents.common import StopRequestedError, catch_signals, ignore_signals, write_json
+from lab.agents.gloorank import ELEMENT_BYTES, GlooRank
 from lab.agents.incast import IncastSender, IncastSink
 from lab.agents.ring import RingRank
 from lab.agents.workerbase import CollectiveError
@@ -141,6 +149,16 @@ def _ports(text: str) -> list[int]:
     return ports
 
 
+def _ips(text: str) -> list[str]:
+    ips = [p.strip() for p in text.split(",") if p.strip()]
+    for ip in ips:
+        try:
+            socket.inet_aton(ip)
+        except OSError:
+            raise argparse.ArgumentTypeError(f"expected IP1,IP2,..., got {text!r}") from None
+    return ips
+
+
 def _check_cc(cc: str | None) -> None:
     """An unknown congestion control is bad input: say so before anything starts."""
     if not cc:
@@ -174,6 +192,9 @@ def validate_ring(a: argparse.Namespace) -> None:
                          f"world*buckets = {a.world * a.buckets} (equal chunks per bucket)")
     if a.steps < 1:
         raise UsageError("steps", f"must be >= 1, got {a.steps}")
+    _check_sizes(a, a.world, "multiple of world = {m}")
+    if a.sizes and a.buckets != 1:
+        raise UsageError("buckets", "a size sweep runs one bucket per step")
     if a.warmup < 0:
         raise UsageError("warmup", f"must be >= 0, got {a.warmup}")
     if a.epoch_steps < 0:
@@ -192,6 +213,41 @@ def validate_ring(a: argparse.Namespace) -> None:
                          f"epochs of {a.epoch_steps} need {epochs}")
     if len(set(a.sports)) != len(a.sports) or not all(0 < p < 65536 for p in a.sports):
         raise UsageError("sports", f"must be distinct ports 1..65535, got {a.sports}")
+    _check_common(a)
+
+
+def _check_sizes(a: argparse.Namespace, multiple: int, what: str) -> None:
+    """A sweep's sizes: each a positive multiple the library can split."""
+    for size in a.sizes or []:
+        if size <= 0 or size % multiple:
+            raise UsageError("sizes", f"{size} must be a positive " + what.format(m=multiple))
+    if a.sizes and a.epoch_steps:
+        raise UsageError("epoch_steps", "a size sweep keeps its connections (0)")
+
+
+def validate_gloo(a: argparse.Namespace) -> None:
+    """Reject impossible gloo jobs before torch is even imported (exit 2, the field named)."""
+    if a.world < 2:
+        raise UsageError("world", f"an All-Reduce needs at least 2 ranks, got {a.world}")
+    if not 0 <= a.rank < a.world:
+        raise UsageError("rank", f"must be in 0..{a.world - 1}, got {a.rank}")
+    if a.size <= 0 or a.size % ELEMENT_BYTES:
+        raise UsageError("size_bytes", f"{a.size} must be a positive multiple of "
+                         f"{ELEMENT_BYTES} (gloo reduces float32 elements)")
+    _check_sizes(a, ELEMENT_BYTES, "multiple of {m} (float32 elements)")
+    if len(a.peers) != a.world:
+        raise UsageError("peers", f"{len(a.peers)} addresses given for {a.world} ranks")
+    for name in ("steps",):
+        if getattr(a, name) < 1:
+            raise UsageError(name, f"must be >= 1, got {getattr(a, name)}")
+    for name in ("warmup", "epoch_steps", "compute_s", "jitter_s", "straggler_s"):
+        if getattr(a, name) < 0:
+            raise UsageError(name, f"must be >= 0, got {getattr(a, name)}")
+    if not -1 <= a.straggler_rank < a.world:
+        raise UsageError("straggler_rank", f"must be -1 (none) or 0..{a.world - 1}")
+    if not a.iface:
+        raise UsageError("iface", "the fabric interface gloo must use (GLOO_SOCKET_IFNAME)")
+    a.epochs = math.ceil(a.steps / a.epoch_steps) if a.epoch_steps else 1
     _check_common(a)
 
 
@@ -245,7 +301,34 @@ def build_parser() -> argparse.ArgumentParser:
     ring.add_argument("--epoch-steps", type=int, default=0,
                       help="reconnect from the next source port every E steps (0: never)")
     ring.add_argument("--cc", help="TCP congestion control (default: the system's)")
+    ring.add_argument("--sizes", type=_ports, help="a size sweep: --steps steps of each of "
+                      "these gradient sizes in bytes, in order (--size is then unused)")
     _add_common(ring)
+
+    gl = sub.add_parser("gloo", help="one rank of the same job on PyTorch's gloo")
+    gl.add_argument("--rank", type=int, required=True)
+    gl.add_argument("--world", type=int, required=True, help="number of ranks N")
+    gl.add_argument("--master", type=_addr, required=True,
+                    help="rank 0's fabric IP:PORT: the rendezvous (init_method=tcp://...)")
+    gl.add_argument("--peers", type=_ips, required=True,
+                    help="every rank's fabric IP, in rank order: names a connection's peer")
+    gl.add_argument("--iface", required=True, help="the fabric interface (GLOO_SOCKET_IFNAME)")
+    gl.add_argument("--size", type=int, required=True, help="gradient bytes per step")
+    gl.add_argument("--steps", type=int, required=True)
+    gl.add_argument("--warmup", type=int, default=1, help="first steps marked warmup")
+    gl.add_argument("--compute-s", type=float, default=0.1)
+    gl.add_argument("--jitter-s", type=float, default=0.0, help="compute ± uniform jitter")
+    gl.add_argument("--seed", type=int, default=0, help="jitter RNG seed (+ rank)")
+    gl.add_argument("--straggler-rank", type=int, default=-1)
+    gl.add_argument("--straggler-s", type=float, default=0.0)
+    gl.add_argument("--epoch-steps", type=int, default=0,
+                    help="a new process group (new connections) every E steps (0: never)")
+    gl.add_argument("--sizes", type=_ports, help="a size sweep: --steps steps of each of "
+                    "these gradient sizes in bytes, in order (--size is then unused)")
+    gl.add_argument("--conns-out", required=True,
+                    help="where gloo's connections are written once rendezvous is done")
+    gl.add_argument("--ready-file", required=True, help="written once ready for the go")
+    _add_common(gl)
 
     sink = sub.add_parser("incast-sink", help="receiver of synchronised many-to-one bursts")
     sink.add_argument("--listen", type=_addr, required=True)
@@ -269,14 +352,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "ring":
             validate_ring(args)
+        elif args.cmd == "gloo":
+            validate_gloo(args)
         else:
             validate_incast(args)
     except UsageError as exc:
         print(f"collective {args.cmd}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     factories: dict[str, Callable[[argparse.Namespace], _Worker]] = {
-        "ring": RingRank, "incast-sink": IncastSink, "incast-send": IncastSender}
-    who = f"collective {args.cmd}" + (f" rank {args.rank}" if args.cmd == "ring" else "")
+        "ring": RingRank, "gloo": GlooRank, "incast-sink": IncastSink, "incast-send": IncastSender}
+    who = f"collective {args.cmd}" + (f" rank {args.rank}" if args.cmd in ("ring", "gloo")
+                                      else "")
     return _run_and_report(factories[args.cmd](args), args.out, who)
 
 

@@ -75,6 +75,43 @@ def runtime_version(runtime: str) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+#: What a machine without PyTorch is told, for the collective library only.
+TORCH_MISSING = "not installed (run: make setup)"
+#: Run in a child: torch costs a second and a few hundred MB to import, which the lab's own
+#: process never needs. The NumPy bridge is checked because a pip NumPy 2 breaks Debian's
+#: torch 1.13 there (tensors still work, ``.numpy()`` does not).
+_TORCH_PROBE = """
+import json
+out = {"torch": None, "gloo": False, "numpy": None, "numpy_bridge": False}
+try:
+    import torch, torch.distributed as dist
+    out["torch"] = torch.__version__
+    out["gloo"] = bool(dist.is_available() and dist.is_gloo_available())
+    import numpy
+    out["numpy"] = numpy.__version__
+    out["numpy_bridge"] = torch.zeros(3).numpy().tolist() == [0.0, 0.0, 0.0]
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+print(json.dumps(out))
+"""
+
+
+def collective_library() -> dict[str, object]:
+    """PyTorch as the lab's interpreter sees it: version, gloo backend, NumPy bridge.
+
+    ``torch`` is None where it is not installed: only the gloo scenarios need it.
+    """
+    if importlib.util.find_spec("torch") is None:
+        return {"torch": None, "gloo": False, "numpy": None, "numpy_bridge": False}
+    try:
+        out = subprocess.run([sys.executable, "-c", _TORCH_PROBE], capture_output=True,
+                             text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return {"torch": None, "gloo": False, "numpy": None, "numpy_bridge": False,
+                "error": "the torch probe did not answer"}
+
+
 @dataclass
 class Environment:
     """The machine facts a result depends on, and the mechanisms chosen from them."""

@@ -20,6 +20,7 @@ from lab.kinds.collective.jobplan import DEFAULTS, SCHEMA, plan
 from lab.kinds.collective.metrics import phase_line
 from lab.kinds.collective.plots import run_plots
 from lab.kinds.collective.runner import RECEIVER_CC, JobRun, read_proc
+from lab.machine import environment
 from lab.measure import telemetry
 from lab.model.errors import MachineError
 from lab.model.result import SCHEMA_VERSION
@@ -37,7 +38,11 @@ def analyse(result: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
-    rows = [(name, phase_line(mt)) for name, mt in result["metrics"]["phases"].items()]
+    rows = []
+    for name, mt in result["metrics"]["phases"].items():
+        rows.append((name, phase_line(mt)))
+        if mt.get("sweep"):
+            rows += [("", line) for line in jm.sweep_table(mt["sweep"])]
     return rows + list((result["metrics"].get("phases_skipped") or {}).items())
 
 
@@ -47,6 +52,15 @@ def prepare(plan_: Plan) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     phases_pp = kind.check(plan_.params, plan_.topo_desc)
     skipped = kind.phases_to_skip(plan_.params, phases_pp, plan_.env.congestion_controls)
     phases_pp = {n: pp for n, pp in phases_pp.items() if n not in skipped}
+    gloo_phases = kind.uses_gloo(phases_pp)
+    if gloo_phases:
+        lib = environment.collective_library()
+        if not lib["torch"]:
+            raise MachineError("job.library", f"gloo needs PyTorch: {environment.TORCH_MISSING}"
+                               f" (phase {gloo_phases[0]})")
+        if not lib["gloo"]:
+            raise MachineError("job.library", f"PyTorch {lib['torch']} has no gloo backend "
+                               f"(phase {gloo_phases[0]})")
     for name, pp in phases_pp.items():
         if pp["job"]["cc"] in RECEIVER_CC:
             allowed = read_proc("/proc/sys/net/ipv4/tcp_allowed_congestion_control").split()

@@ -31,10 +31,18 @@ SINK_PORT = 7300          # the incast receiver
 STORAGE_PORT = 7400       # every storage server
 BURST_PORT = 7500         # the UDP micro-burst receiver
 
+#: Who moves the ring's bytes: the lab's own ring (``lab.agents.ring``, every 5-tuple fixed
+#: in advance) or PyTorch's gloo (``lab.agents.gloorank``, its connections found after
+#: rendezvous: ``lab.kinds.collective.gloo``).
+LIBRARIES = ("synthetic", "gloo")
+
 SCHEMA: dict[str, Param] = {
     "job.pattern": Param(str, choices=("ring", "incast")),
+    "job.library": Param(str, choices=LIBRARIES),
     "job.workers": Param(int, 2, 64),
     "job.size_bytes": Param(int, 1, 1 << 30),
+    # a size sweep (nccl-tests' -b..-e): job.steps steps of each size, in order, one job
+    "job.sizes": Param(list),
     "job.steps": Param(int, 1, 10_000),
     "job.warmup": Param(int, 0, 100),
     "job.compute_s": Param(float, 0, 60),
@@ -69,7 +77,8 @@ SCHEMA: dict[str, Param] = {
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "job": {"pattern": "ring", "workers": 8, "size_bytes": 1 << 20, "steps": 20, "warmup": 1,
+    "job": {"pattern": "ring", "library": "synthetic", "workers": 8, "size_bytes": 1 << 20,
+            "sizes": [], "steps": 20, "warmup": 1,
             "compute_s": 0.05, "jitter_s": 0.0, "buckets": 1, "straggler_rank": -1,
             "straggler_s": 0.0, "epoch_steps": 0, "cc": "cubic", "ecn": False},
     "placement": {"hosts": "packed", "paths": "hash", "receiver": ""},
@@ -149,10 +158,13 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
     job = pp["job"]
     f = _field_namer(name, over or {})
     n = job["workers"]
-    if job["pattern"] == "ring" and job["size_bytes"] % (n * job["buckets"]):
+    if job["library"] == "gloo":
+        check_gloo(job, f)
+    elif job["pattern"] == "ring" and job["size_bytes"] % (n * job["buckets"]):
         raise ScenarioError(f("job.size_bytes"), f"{job['size_bytes']} bytes do not split "
                             f"into {n} ranks x {job['buckets']} buckets of whole chunks "
                             f"(make it a multiple of {n * job['buckets']})")
+    check_sizes(job, f)
     if job["straggler_rank"] >= n:
         raise ScenarioError(f("job.straggler_rank"), f"rank {job['straggler_rank']} does "
                             f"not exist in a job of {n} workers")
@@ -192,6 +204,46 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
                             "receiver; set job.pattern: incast")
     if pp["microburst"]["senders"] > n - 1:
         raise ScenarioError(f("microburst.senders"), f"at most {n - 1} (the job's senders)")
+
+
+def check_sizes(job: dict[str, Any], f: Any) -> None:
+    """A sweep's sizes: whole numbers the job's library can split, one bucket, no epochs."""
+    sizes = job["sizes"]
+    if not sizes:
+        return
+    n = job["workers"]
+    multiple, what = ((4, "whole float32 elements for gloo") if job["library"] == "gloo"
+                      else (n, f"split into {n} equal ring chunks"))
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= 1 << 30:
+            raise ScenarioError(f("job.sizes"), f"expected sizes in bytes (1..{1 << 30}), "
+                                f"got {size!r}")
+        if size % multiple:
+            raise ScenarioError(f("job.sizes"), f"{size} bytes do not {what} (make it a "
+                                f"multiple of {multiple})")
+    if job["pattern"] != "ring" or job["buckets"] != 1 or job["epoch_steps"]:
+        raise ScenarioError(f("job.sizes"), "a size sweep is a ring All-Reduce of one "
+                            "bucket on connections it keeps (job.pattern: ring, buckets: 1, "
+                            "epoch_steps: 0)")
+
+
+def check_gloo(job: dict[str, Any], f: Any) -> None:
+    """What the gloo job cannot do: the incast (the lab's own pattern, no library call),
+    overlapped buckets (one all_reduce per step), a size that is not whole float32s."""
+    if job["pattern"] != "ring":
+        raise ScenarioError(f("job.library"), "gloo runs the All-Reduce (job.pattern: ring); "
+                            "the incast is the lab's own pattern")
+    if job["size_bytes"] % 4:
+        raise ScenarioError(f("job.size_bytes"), f"{job['size_bytes']} bytes are not whole "
+                            "float32 elements for gloo (make it a multiple of 4)")
+    if job["buckets"] != 1:
+        raise ScenarioError(f("job.buckets"), "gloo runs one all_reduce per step here; "
+                            "buckets must be 1")
+
+
+def uses_gloo(phases: dict[str, dict[str, Any]]) -> list[str]:
+    """The phases whose job runs on gloo."""
+    return [n for n, pp in phases.items() if pp["job"]["library"] == "gloo"]
 
 
 def phases_to_skip(params: dict[str, Any], phases: dict[str, dict[str, Any]],

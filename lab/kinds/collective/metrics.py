@@ -50,6 +50,7 @@ def ring_steps(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         step_s = max(r["step_s"] for r in recs)
         steps.append({
             "step": k, "epoch": recs[0].get("epoch", 0),
+            "size_bytes": recs[0].get("size_bytes"),
             "warmup": any(r.get("warmup") for r in recs),
             "t_start": min(r["t_start"] for r in recs), "t_end": max(r["t_end"] for r in recs),
             "t_comm_start": min(r.get("t_comm_start", r["t_start"]) for r in recs),
@@ -121,7 +122,9 @@ def ring_metrics(outputs: list[dict[str, Any]], n: int, size_bytes: int,
                  checkpoints: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     """A ring job's ``metrics`` for one phase: step times, algbw/busbw, idle, per-epoch sharing."""
     steps = ring_steps(outputs)
-    measured = [s for s in steps if not s["warmup"]]
+    # A sweep's headline numbers are its largest size's (``size_bytes``); ``sweep`` has all.
+    measured = [s for s in steps if not s["warmup"]
+                and s.get("size_bytes") in (None, size_bytes)]
     summary = step_summary(measured)
     algbw = size_bytes * 8 / summary["comm_p50_s"] if summary["comm_p50_s"] else 0.0
     ideal = ideal_ring_s(n, size_bytes, bottleneck_bps)
@@ -161,6 +164,38 @@ def ring_metrics(outputs: list[dict[str, Any]], n: int, size_bytes: int,
             "outside": step_summary([s for s in measured if not s["checkpoint"]])}
         out["checkpoints"] = [{"t_s": round(a - t0, 3), "duration_s": round(b - a, 3)}
                               for a, b in sorted(checkpoints)]
+    return out
+
+
+def sweep_rows(outputs: list[dict[str, Any]], n: int,
+               bottleneck_bps: float) -> list[dict[str, Any]]:
+    """nccl-tests' table, one row per size: ``count`` float32 elements, ``time_s`` the
+    median all-reduce time of the measured steps, algbw = S / t, busbw = algbw · 2(N−1)/N,
+    and the ideal a ring at the bottleneck rate B reaches: time 2(N−1)/N · S / B, busbw B."""
+    by_size: dict[int, list[float]] = {}
+    for s in ring_steps(outputs):
+        if not s["warmup"] and s.get("size_bytes"):
+            by_size.setdefault(int(s["size_bytes"]), []).append(s["comm_s"])
+    rows = []
+    for size, times in sorted(by_size.items()):
+        t = percentile(times, 50)
+        algbw = size * 8 / t if t else 0.0
+        rows.append({"size_bytes": size, "count": size // 4, "steps": len(times),
+                     "time_s": round(t, 6), "algbw_bps": round(algbw),
+                     "busbw_bps": round(busbw(algbw, n)),
+                     "ideal_time_s": round(ideal_ring_s(n, size, bottleneck_bps), 6),
+                     "ideal_busbw_bps": round(bottleneck_bps)})
+    return rows
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The sweep as nccl-tests prints it (its units: bytes, µs, GB/s; here Mbit/s too)."""
+    out = [f"{'size (B)':>10} {'count':>9} {'time (us)':>10} {'algbw':>8} {'busbw':>8}"
+           f" {'ideal':>8}   (Mbit/s)"]
+    for r in rows:
+        out.append(f"{r['size_bytes']:>10} {r['count']:>9} {r['time_s'] * 1e6:>10.0f} "
+                   f"{r['algbw_bps'] / 1e6:>8.2f} {r['busbw_bps'] / 1e6:>8.2f} "
+                   f"{r['ideal_busbw_bps'] / 1e6:>8.2f}")
     return out
 
 

@@ -61,6 +61,47 @@ def _step_cdf_spec(result: dict[str, Any], secs: list[Section]) -> Spec | Skippe
     return Spec("step-cdf", "step-cdf", "", 4.5, vmax, draw)
 
 
+def _sweep_spec(result: dict[str, Any], secs: list[Section]) -> Spec | None:
+    """busbw against message size per sweep phase (nccl-tests' curve), with the ideal: a
+    ring at its bottleneck rate has busbw = B whatever the size."""
+    phases = [(s.name or "job", dicts_of(s.metrics.get("sweep"))) for s in secs]
+    phases = [(n, rows) for n, rows in phases if rows]
+    if not phases:
+        return None
+    ideal = max(num(r.get("ideal_busbw_bps")) or 0.0 for _, rows in phases for r in rows)
+    vmax = max(ideal, *(num(r.get("busbw_bps")) or 0.0 for _, rows in phases
+                        for r in rows)) / 1e6
+
+    def draw(fig: Any, limit: float) -> str:
+        ax = fig.add_subplot()
+        sizes = sorted({int(num(r.get("size_bytes")) or 0) for _, rows in phases
+                        for r in rows})
+        for name, rows in phases:
+            xs = [num(r.get("size_bytes")) or 0 for r in rows]
+            ys = [(num(r.get("busbw_bps")) or 0) / 1e6 for r in rows]
+            ax.plot(xs, ys, marker="o", lw=1.5, label=name)
+        ax.plot(sizes, [ideal / 1e6] * len(sizes), ls="--", color="grey",
+                label=f"ideal: B = {ideal / 1e6:.0f} Mbit/s")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, limit * 1.1)
+        ax.set_title("All-Reduce bus bandwidth against message size")
+        ax.set_xlabel("message size S (bytes)")
+        ax.set_ylabel("busbw (Mbit/s)")
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3)
+        text = "; ".join(
+            f"{name}: {(num(rows[0].get('busbw_bps')) or 0) / 1e6:.1f} Mbit/s at "
+            f"{int(num(rows[0].get('size_bytes')) or 0) // 1024} KiB, "
+            f"{(num(rows[-1].get('busbw_bps')) or 0) / 1e6:.1f} at "
+            f"{int(num(rows[-1].get('size_bytes')) or 0) // 1024} KiB" for name, rows in phases)
+        return ("busbw = S/t · 2(N−1)/N, as nccl-tests reports it, for each size of the "
+                "sweep (median of its measured steps). Small messages are latency: a ring "
+                "takes 2(N−1) round trips whatever S is, so busbw is low. Large ones "
+                f"approach the link rate, the dashed line. {text}.")
+
+    return Spec("allreduce-sweep", "allreduce-sweep", "", 4.5, vmax, draw)
+
+
 def run_plots(result: dict[str, Any], secs: list[Section]) -> list[Spec | Skipped | None]:
     """Plots of the whole run, before the per-phase ones."""
-    return [_step_cdf_spec(result, secs)]
+    return [_step_cdf_spec(result, secs), _sweep_spec(result, secs)]

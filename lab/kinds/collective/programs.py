@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lab import agents
 from lab.kinds.base import Plan
 from lab.kinds.collective import jobplan as kind
+from lab.kinds.collective.gloo import GLOO_PORT
 from lab.kinds.collective.jobplan import Conn
 from lab.machine import programs
 from lab.model.errors import MachineError
@@ -140,9 +141,38 @@ class JobPrograms:
                     "--straggler-rank", str(job["straggler_rank"]),
                     "--straggler-s", str(job["straggler_s"]), "--buckets", str(job["buckets"]),
                     "--epoch-steps", str(job["epoch_steps"]), "--cc", job["cc"],
+                    *sweep_args(job),
                     "--connect-timeout-s", "20", "--out", str(work / f"rank{r}.json")]
             procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"ring rank {r}"))
         return procs
+
+    def start_gloo(self, pp: dict[str, Any], hosts: list[str], work: Path
+                   ) -> tuple[list[subprocess.Popen], list[Path], list[Path]]:
+        """The job's ranks on gloo, rendezvous on rank 0's fabric address; each reports
+        gloo's connections, then holds for :func:`lab.machine.programs.go`. Returns the
+        ranks, their ready files and their connection reports."""
+        job = pp["job"]
+        n = len(hosts)
+        peers = ",".join(self.ips[h] for h in hosts)
+        procs = []
+        for r, h in enumerate(hosts):
+            argv = [*agents.command("worker"), "gloo", "--rank", str(r), "--world", str(n),
+                    "--master", f"{self.ips[hosts[0]]}:{GLOO_PORT}", "--peers", peers,
+                    "--iface", self.host(h).defaultIntf().name,
+                    "--size", str(job["size_bytes"]), "--steps", str(job["steps"]),
+                    "--warmup", str(job["warmup"]), "--compute-s", str(job["compute_s"]),
+                    "--jitter-s", str(job["jitter_s"]), "--seed", str(self.plan.params["seed"]),
+                    "--straggler-rank", str(job["straggler_rank"]),
+                    "--straggler-s", str(job["straggler_s"]),
+                    "--epoch-steps", str(job["epoch_steps"]), *sweep_args(job),
+                    # torch's import and rendezvous of N ranks on two cores: tens of seconds
+                    "--connect-timeout-s", str(programs.READY_TIMEOUT_S),
+                    "--conns-out", str(work / f"rank{r}.conns.json"),
+                    "--ready-file", str(work / f"rank{r}.ready"),
+                    "--out", str(work / f"rank{r}.json")]
+            procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"gloo rank {r}"))
+        return (procs, [work / f"rank{r}.ready" for r in range(n)],
+                [work / f"rank{r}.conns.json" for r in range(n)])
 
     def start_incast(self, pp: dict[str, Any], conns: list[Conn],
                      work: Path) -> list[subprocess.Popen]:
@@ -198,6 +228,11 @@ class JobPrograms:
         out = {"senders": senders, "recv": load(work / "burst-recv.json"),
                "sent": {h: load(work / f"burst-{h}.json") for h in senders}}
         return out
+
+
+def sweep_args(job: dict[str, Any]) -> list[str]:
+    """``--sizes`` for a size sweep, nothing otherwise."""
+    return ["--sizes", ",".join(map(str, job["sizes"]))] if job["sizes"] else []
 
 
 def wait(proc: subprocess.Popen, timeout_s: float) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from controllers.marking import dctcp_k_bytes
 from lab.kinds.base import Plan, Progress
+from lab.kinds.collective import gloo
 from lab.kinds.collective import jobplan as kind
 from lab.kinds.collective import metrics as jm
 from lab.kinds.collective.jobplan import Conn
@@ -162,6 +163,8 @@ class JobRun(JobPrograms):
     # -- planning -----------------------------------------------------------------------------
     def conns_for(self, pp: dict[str, Any], hosts: list[str]) -> list[Conn]:
         job = pp["job"]
+        if job["library"] == "gloo":
+            return []                   # gloo numbers its own: found after rendezvous
         if job["pattern"] == "ring":
             conns = kind.ring_conns(hosts, self.ips, job, self.sports, self.next_index)
         else:
@@ -283,9 +286,12 @@ class JobRun(JobPrograms):
 
     def set_default_cc(self, pp: dict[str, Any], hosts: list[str]) -> None:
         """The job's hosts' namespace default congestion control, for the sockets they
-        accept: the job's when its receiver has a part (RECEIVER_CC), else as it was."""
+        accept: the job's when its receiver has a part (RECEIVER_CC) or gloo opens them,
+        else as it was."""
         cc = pp["job"]["cc"]
-        wanted = set(hosts) if cc in RECEIVER_CC else set()
+        # gloo's sockets are not the lab's to set a congestion control on: they take their
+        # namespace's default, so the job's hosts default to the job's for the phase.
+        wanted = set(hosts) if cc in RECEIVER_CC or pp["job"]["library"] == "gloo" else set()
         for h in sorted(wanted | set(self.default_cc)):
             node = self.host(h)
             if h in wanted:
@@ -346,15 +352,27 @@ class JobRun(JobPrograms):
     def drive(self, name: str, ph: Phase) -> Drive:
         """The job's programs (and storage's) from start to exit, inside one window."""
         pp, job, work = ph.pp, ph.pp["job"], ph.work
-        estimate = job["steps"] * (job["compute_s"] + job["straggler_s"] + 2.0) + 20
+        sizes = job["sizes"] or [job["size_bytes"]]
+        slowest = min(self.bw.values())
+        # every step's compute, plus its bytes at a quarter of the slowest link's rate
+        estimate = job["steps"] * sum(job["compute_s"] + job["straggler_s"] + 2.0
+                                      + 4 * 2 * size * 8 / slowest for size in sizes) + 20
         bridges = [s["name"] for s in self.topo["switches"]]
         sampler = telemetry.Sampler(self.ports, hz=float(pp["sample_hz"]),
                                     controller=self.fabric.controller)
         d = Drive(Window(sampler, self.ports, bridges))
         watched_hosts = sorted({*ph.hosts, *pp["storage"]["hosts"]})
         procs: list[subprocess.Popen] = []
+        gloo_ready: list[Path] = []
+        gloo_ranks: list[subprocess.Popen] = []
         try:
             sampler.start()
+            if job["library"] == "gloo":
+                # Before the window: torch's import and the rendezvous are set-up, and the
+                # window's counters must include gloo's connections from their first byte.
+                gloo_ranks, gloo_ready, reports = self.start_gloo(pp, ph.hosts, work)
+                procs += gloo_ranks
+                self.gloo_connections(ph, gloo_ready, gloo_ranks, reports)
             time.sleep(0.05)
             d.window.open()
             d.ecn0 = self.ecn_counters()
@@ -372,14 +390,18 @@ class JobRun(JobPrograms):
                                                   work / "receiver.pcap")
                 self.fabric.record.add_pid(d.capture.pid, "tcpdump at the incast receiver")
                 workers = self.start_incast(pp, ph.conns, work)
+            elif gloo_ranks:
+                workers = gloo_ranks
             else:
                 workers = self.start_ring(pp, ph.hosts, ph.conns, work)
-            if storage_ready:           # every GPU's checkpoints together, with the job
-                programs.go(storage_ready, clients)
-            procs += workers
+            if storage_ready or gloo_ready:   # every GPU's checkpoints together, with the job
+                programs.go(storage_ready + gloo_ready, clients + gloo_ranks)
+            procs += [p for p in workers if p not in procs]
+            what = (f"{len(job['sizes'])} sizes {job['sizes'][0] / 1e6:g}-"
+                    f"{job['sizes'][-1] / 1e6:g} MB" if job["sizes"]
+                    else f"{job['size_bytes'] / 1e6:g} MB")
             self.progress(f"[{name}] {len(ph.hosts)} workers on {', '.join(ph.hosts)}: "
-                          f"{job['steps']} steps of {job['pattern']} "
-                          f"{job['size_bytes'] / 1e6:g} MB"
+                          f"{job['steps']} steps of {job['library']} {job['pattern']} {what}"
                           + (f", {len(ph.pinned)} paths placed" if ph.pinned else "")
                           + (f", ECN marking {ph.marking}" if ph.marking else ""))
             deadline = time.monotonic() + estimate
@@ -408,11 +430,32 @@ class JobRun(JobPrograms):
             sampler.stop()
         return d
 
+    def gloo_connections(self, ph: Phase, ready: list[Path], ranks: list[subprocess.Popen],
+                         reports: list[Path]) -> None:
+        """Once every rank has rendezvoused: gloo's connections become the phase's job
+        connections, placed (a ``balanced`` phase) and watched on every switch, before the
+        go and before the window opens."""
+        dead, waiting = programs.wait_ready(ready, ranks, stop_at_death=True)
+        if dead or waiting:
+            logs = ", ".join(Path(f).with_suffix(".log").name for f in dead + waiting)
+            raise MachineError("job.library", f"gloo ranks did not rendezvous "
+                               f"({len(dead)} exited, {len(waiting)} hung; see {logs})")
+        conns = gloo.conns_from_reports([load(r) for r in reports], ph.hosts, self.ips,
+                                        ph.pp["job"]["cc"], self.next_index)
+        if not any(c.spec.kind == "allreduce" for c in conns):
+            raise MachineError("job.library", "gloo's connections were not found after "
+                               "rendezvous (rank reports: " + ", ".join(map(str, reports)) + ")")
+        self.next_index += len(conns)
+        ph.conns = conns
+        ph.pinned = self.set_paths(ph.pp, conns)
+        self.request({"cmd": "watch", "flows": [e for c in conns
+                                                for e in c.spec.watch_entries(c.index)]})
+
     def phase_result(self, ph: Phase, d: Drive) -> dict[str, Any]:
         """The phase's links, flows (paths from the switches' counters) and metrics."""
         pp, window, work = ph.pp, d.window, ph.work
         all_conns = ph.conns + ph.sconns
-        outputs = self.read_outputs(pp, ph.conns, work)
+        outputs = self.read_outputs(pp, ph.hosts, ph.conns, work)
         self.attach_results(ph.conns, outputs)
         flows = flow_entries([c.spec for c in all_conns], window.flow_deltas(), self.topo,
                              [c.index for c in all_conns])
@@ -433,6 +476,9 @@ class JobRun(JobPrograms):
                               "ports": sorted(self.marked)}
         if ph.k_rule is not None:
             metrics["marking"]["k_rule"] = ph.k_rule
+        metrics["library"] = pp["job"]["library"]
+        if pp["job"]["library"] == "gloo":
+            metrics["gloo"] = self.gloo_summary(ph, outputs, flows)
         metrics["cc"] = pp["job"]["cc"]
         metrics["paths"] = pp["placement"]["paths"]
         by_tuple = {(f["src_ip"], f["sport"], f["dst_ip"], f["dport"]): f["id"] for f in flows}
@@ -456,6 +502,21 @@ class JobRun(JobPrograms):
                 "outputs": outputs}
 
     @staticmethod
+    def gloo_summary(ph: Phase, outputs: list[dict[str, Any]],
+                     flows: list[dict[str, Any]]) -> dict[str, Any]:
+        """What gloo was and did: torch's version, the algorithm it runs for an all_reduce
+        and the one its bytes show, its connections per rank pair."""
+        n = len(ph.hosts)
+        per_epoch: dict[int, int] = {}
+        for st in (outputs[0].get("steps") or []) if outputs else []:
+            per_epoch[int(st["epoch"])] = per_epoch.get(int(st["epoch"]), 0) + 1
+        return {"torch": next((o.get("torch") for o in outputs if o.get("torch")), None),
+                "algorithm": next((o.get("algorithm") for o in outputs
+                                   if o.get("algorithm")), None),
+                "seen": gloo.algorithm_seen(flows, n, ph.pp["job"]["size_bytes"], per_epoch),
+                "connections_per_pair": gloo.connections_per_pair(ph.conns, n)}
+
+    @staticmethod
     def fidelity_window(outputs: list[dict[str, Any]], d: Drive) -> tuple[float, float]:
         """The job's steps: from when its last worker passed the start barrier to its last
         step's end, on the sampler's clock.
@@ -471,10 +532,10 @@ class JobRun(JobPrograms):
         t_fid_end = min(max([t_fid, *ends]), d.t_job_end) if ends else d.t_job_end
         return t_fid, t_fid_end
 
-    def read_outputs(self, pp: dict[str, Any], conns: list[Conn],
+    def read_outputs(self, pp: dict[str, Any], hosts: list[str], conns: list[Conn],
                      work: Path) -> list[dict[str, Any]]:
         if pp["job"]["pattern"] == "ring":
-            return [load(work / f"rank{r}.json") for r in range(len({c.rank for c in conns}))]
+            return [load(work / f"rank{r}.json") for r in range(len(hosts))]
         return [load(work / "sink.json")] + [load(work / f"{c.spec.id}.json") for c in conns]
 
     def attach_results(self, conns: list[Conn], outputs: list[dict[str, Any]]) -> None:
@@ -503,8 +564,10 @@ class JobRun(JobPrograms):
             if pp["storage"]["mode"] != "off":
                 checkpoints = [(c["t_start"], c["t_end"]) for r in range(len(hosts))
                                for c in load(work / f"client{r}.json").get("checkpoints", [])]
-            mt = jm.ring_metrics(outputs, len(hosts), job["size_bytes"],
+            mt = jm.ring_metrics(outputs, len(hosts), max(job["sizes"] or [job["size_bytes"]]),
                                  self.bottleneck_bps(job_flows), job_flows, checkpoints)
+            if job["sizes"]:
+                mt["sweep"] = jm.sweep_rows(outputs, len(hosts), self.bottleneck_bps(job_flows))
         else:
             rx = job_flows[0]["dst"]
             rate = self.bw[(self.leaf_of[rx], rx)]
