@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from controllers.marking import (
+    QUEUE_HANDLE,
     Marking,
     PortQueue,
 )
@@ -383,7 +384,7 @@ def red_args(port: PortQueue, marking: Marking) -> list[str]:
 
 
 def _leaf(intf: str) -> list[str]:
-    return ["dev", intf, "parent", "1:1", "handle", "10:"]
+    return ["dev", intf, "parent", "1:1", "handle", QUEUE_HANDLE]
 
 
 def red_commands(port: PortQueue, marking: Marking | None,
@@ -410,7 +411,7 @@ def parse_red_counters(qdiscs: list[dict[str, Any]], intf: str) -> dict[str, int
     count or queue maximum; ``early_drops`` are not-ECT packets it dropped early (where
     the tc-bpf marker would have let them into the bfifo)."""
     for q in qdiscs:
-        if q.get("kind") == "red" and q.get("handle") == "10:":
+        if q.get("kind") == "red" and q.get("handle") == QUEUE_HANDLE:
             xstats = q.get("xstats", q)  # iproute2 prints them inline; accept a sub-object
             return {"packets": int(q.get("packets", 0)),
                     "ce_marked": int(xstats.get("marked", 0)),
@@ -448,7 +449,7 @@ class RedMarker(Marker):
     def _recover(self, port: PortQueue) -> None:
         """After a failed delete + add: never leave the port without its bfifo leaf."""
         qdiscs = self._run.json(port.intf, ["tc", "-j", "qdisc", "show", "dev", port.intf])
-        kind = next((q.get("kind") for q in qdiscs if q.get("handle") == "10:"), None)
+        kind = next((q.get("kind") for q in qdiscs if q.get("handle") == QUEUE_HANDLE), None)
         if kind is None:
             self._run.run(port.intf, ["tc", "qdisc", "add", *_leaf(port.intf), "bfifo",
                                       "limit", str(port.limit_bytes)], check=False)

@@ -68,6 +68,16 @@ def dctcp_k_bytes(rate_bps: float, rtt_s: float) -> tuple[int, dict[str, Any]]:
                "k_bytes": k}
 
 
+#: The handle of every lab port's byte queue, htb class 1:1's leaf (a bfifo, or RED where
+#: the port marks), as tc writes it. tc's handles are hexadecimal: "10:" is major 0x10.
+QUEUE_HANDLE = "10:"
+
+
+def tc_major(handle: str) -> int:
+    """A tc handle ("10:") as the kernel's 32-bit handle (0x00100000), as netlink reports it."""
+    return int(handle.rstrip(":"), 16) << 16
+
+
 #: The least htb burst of a port: one TSO super-packet. With userspace TSO the datapath
 #: hands 64 KiB segments to the veth; a smaller burst makes htb under-run the rate.
 MIN_HTB_BURST_BYTES = 70_000

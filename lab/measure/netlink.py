@@ -18,6 +18,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from controllers.marking import QUEUE_HANDLE, tc_major
+
 _NLMSG_HDR = struct.Struct("=IHHII")        # len, type, flags, seq, pid
 _NLA_HDR = struct.Struct("=HH")             # len, type
 _TCMSG = struct.Struct("=BxxxiIII")         # family, ifindex, handle, parent, info
@@ -29,7 +31,7 @@ TCA_STATS2, TCA_STATS_QUEUE = 7, 3
 IFLA_IFNAME, IFLA_OPERSTATE, IFLA_STATS64 = 3, 16, 23
 IF_OPER_UP = 6
 TC_H_ROOT = 0xFFFFFFFF                      # a root qdisc's parent
-BYTE_QUEUE_HANDLE = 0x000A0000              # "10:", the byte queue of every lab link
+BYTE_QUEUE_HANDLE = tc_major(QUEUE_HANDLE)  # the byte queue of every lab link
 NLA_TYPE_MASK = 0x3FFF                      # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from mininet.link import Intf, Link, TCIntf
 
-from controllers.marking import htb_burst_bytes
+from controllers.marking import QUEUE_HANDLE, htb_burst_bytes
 from lab.model.errors import TopologyError
 
 #: DRR quantum of the single htb class: explicit, or tc warns that rate/r2q is too big.
@@ -130,7 +130,7 @@ def tc_commands(dev: str, bw: float | None, queue_bytes: int,
         f"tc qdisc add dev {dev} {htb_parent} handle 1: htb default 1",
         f"tc class add dev {dev} parent 1: classid 1:1 htb rate {bw}mbit ceil {bw}mbit "
         f"burst {burst} cburst {burst} quantum {_QUANTUM_BYTES}",
-        f"tc qdisc add dev {dev} parent 1:1 handle 10: bfifo limit {queue_bytes}",
+        f"tc qdisc add dev {dev} parent 1:1 handle {QUEUE_HANDLE} bfifo limit {queue_bytes}",
     ]
     return cmds
 

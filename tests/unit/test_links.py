@@ -140,3 +140,15 @@ def test_wan_fidelity_says_what_the_uplinks_got():
     assert fid["wan_delay"] == "partial" and "b->a" in note
     fid, note = wan_fidelity(0.0, {"a->b": None})
     assert fid["wan_delay"] == "none (not asked)" and note is None
+
+
+def test_the_byte_queue_handle_is_read_as_tc_writes_it():
+    """tc's handles are hexadecimal: the leaf "10:" the links create is 0x00100000 in a
+    netlink dump. Read as decimal (0x000A0000), telemetry never found the leaf and reported
+    a root netem's delay line as the port's queue."""
+    from controllers.marking import QUEUE_HANDLE, tc_major
+    from lab.measure import netlink
+    assert tc_major("10:") == 0x0010_0000 and tc_major("1:") == 0x0001_0000
+    assert tc_major(QUEUE_HANDLE) == netlink.BYTE_QUEUE_HANDLE
+    cmds = tc_commands("eth0", 10.0, 20_000)
+    assert any(f"handle {QUEUE_HANDLE} bfifo" in c for c in cmds), cmds
