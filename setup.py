@@ -15,6 +15,7 @@ setup(
         "PyYAML>=6.0",
         "scapy>=2.5",       # 5-tuple traceroute probes (lab/agents/probe.py)
         "matplotlib>=3.7",  # report.html's plots (lab/report/)
+        "networkx>=3.3",    # the weathermap's graph and tiered layout (lab/plotting/weathermap.py)
         "pytest>=8",        # the `fabric` fixture users import (lab/testing.py)
         # Counters and queues read over rtnetlink in-process, one socket per namespace
         # (lab/measure/telemetry.py): a `tc` spawn per sample ate a slow machine's CPU headroom.
