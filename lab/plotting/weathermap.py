@@ -149,27 +149,33 @@ def arcs_of(fabric: Fabric, links: list[dict[str, Any]]) -> list[Arc]:
     """Both directions of every cable, with the counters of the section's ``links`` entry
     for that egress port (matched by node and port, else by node and peer)."""
     by_port = {(str(ln.get("node")), ln.get("port")): ln for ln in links}
-    by_peer: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for ln in links:
-        by_peer.setdefault((str(ln.get("node")), str(ln.get("peer"))), []).append(ln)
     seen: dict[frozenset[str], int] = {}
-    used: set[int] = set()
-    arcs = []
+    dirs = []                       # (src, port, dst, key, bw) of every direction
     for a, a_port, b, b_port, bw in fabric.cables:
         key = seen.get(frozenset((a, b)), 0)
         seen[frozenset((a, b))] = key + 1
-        for src, port, dst in ((a, a_port, b), (b, b_port, a)):
-            ln = by_port.get((src, port)) if port is not None else None
-            if ln is None or id(ln) in used:
-                ln = next((x for x in by_peer.get((src, dst), []) if id(x) not in used), None)
-            util = None
-            if ln is not None:
-                used.add(id(ln))
-                u = num(ln.get("util_mean"))
-                util = 100 * u if u is not None else None
-            ln = ln or {}
-            arcs.append(Arc(src, dst, key, port, num(ln.get("bw_mbps")) or bw, util,
-                            int(num(ln.get("drops")) or 0), int(num(ln.get("ce_marked")) or 0)))
+        dirs += [(a, a_port, b, key, bw), (b, b_port, a, key, bw)]
+    # By port first, for every direction: a peer-only match must not take a parallel
+    # cable's entry before that cable is reached.
+    entry = {i: by_port.get((src, port)) for i, (src, port, _, _, _) in enumerate(dirs)
+             if port is not None}
+    used = {id(ln) for ln in entry.values() if ln is not None}
+    spare: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for ln in links:
+        if id(ln) not in used:
+            spare.setdefault((str(ln.get("node")), str(ln.get("peer"))), []).append(ln)
+    arcs = []
+    for i, (src, port, dst, key, bw) in enumerate(dirs):
+        ln = entry.get(i)
+        if ln is None and spare.get((src, dst)):
+            ln = spare[(src, dst)].pop(0)
+        util = None
+        if ln is not None:
+            u = num(ln.get("util_mean"))
+            util = 100 * u if u is not None else None
+        ln = ln or {}
+        arcs.append(Arc(src, dst, key, port, num(ln.get("bw_mbps")) or bw, util,
+                        int(num(ln.get("drops")) or 0), int(num(ln.get("ce_marked")) or 0)))
     return arcs
 
 
@@ -270,13 +276,15 @@ def weathermap_spec(sec: Section, result: dict[str, Any],
                 "no link sent anything")
 
     def draw(fig: Any, limit: float) -> str:
-        _draw_map(fig, fabric, arcs, top, group, max(100.0, limit), title)
+        scale = max(100.0, limit)
+        _draw_map(fig, fabric, arcs, top, group, scale, title)
         where = [f"{_link_name(a, arcs)} {a.drops:,}" for a in arcs if a.drops]
         return ("The fabric by tier, each direction of each cable an arrow coloured by its "
                 "mean utilisation over the "
                 f"{sec.label} (width by link rate; grey dashed: a direction with no "
                 "counters, a host's own sending). Look for one hot arrow beside cool "
                 "siblings: load the hash put on one link. "
+                f"Colour scale 0–{scale:.0f} %. "
                 f"Hottest: {top_text}. "
                 + (f"Drops: {drops:,} ({'; '.join(where[:4])}"
                    f"{', …' if len(where) > 4 else ''}). " if drops else "No drops. ")
