@@ -51,6 +51,7 @@ class Arc:
     util_pct: float | None      # None: this direction has no counters (a host's egress)
     drops: int = 0
     ce: int = 0
+    tx_bytes: int = 0
 
 
 @dataclass
@@ -175,15 +176,28 @@ def arcs_of(fabric: Fabric, links: list[dict[str, Any]]) -> list[Arc]:
             util = 100 * u if u is not None else None
         ln = ln or {}
         arcs.append(Arc(src, dst, key, port, num(ln.get("bw_mbps")) or bw, util,
-                        int(num(ln.get("drops")) or 0), int(num(ln.get("ce_marked")) or 0)))
+                        int(num(ln.get("drops")) or 0), int(num(ln.get("ce_marked")) or 0),
+                        int(num(ln.get("tx_bytes")) or 0)))
     return arcs
+
+
+def _heat(a: Arc) -> tuple[float, float]:
+    """Mean utilisation, then bytes for the rate: ``util_mean`` is rounded, the bytes are not."""
+    return (a.util_pct or 0.0, a.tx_bytes / a.bw_mbps if a.bw_mbps else 0.0)
 
 
 def hottest(arcs: list[Arc]) -> Arc | None:
     """The measured direction with the highest mean utilisation (None if none sent)."""
     measured = [a for a in arcs if a.util_pct is not None]
-    top = max(measured, key=lambda a: a.util_pct or 0.0, default=None)
+    top = max(measured, key=_heat, default=None)
     return top if top is not None and (top.util_pct or 0) > 0 else None
+
+
+def as_hot(arcs: list[Arc], top: Arc) -> list[Arc]:
+    """Other directions exactly as hot as ``top``: the same bytes for the same rate (a ring's
+    flow crosses two links of its path with every byte)."""
+    return [a for a in arcs if a is not top and a.util_pct is not None
+            and _heat(a) == _heat(top)]
 
 
 def flow_nodes(flow: dict[str, Any]) -> list[str]:
@@ -272,8 +286,10 @@ def weathermap_spec(sec: Section, result: dict[str, Any],
     title = spec_title("Weathermap: mean utilisation of every link", sec)
     drops = sum(a.drops for a in arcs)
     marks = sum(a.ce for a in arcs)
-    top_text = (f"{_link_name(top, arcs)} at {top.util_pct:.0f} % mean" if top else
-                "no link sent anything")
+    tied = as_hot(arcs, top) if top else []
+    top_text = (f"{_link_name(top, arcs)} at {top.util_pct:.0f} % mean"
+                + (f" (as hot: {', '.join(_link_name(a, arcs) for a in tied)})" if tied else "")
+                if top else "no link sent anything")
 
     def draw(fig: Any, limit: float) -> str:
         scale = max(100.0, limit)
