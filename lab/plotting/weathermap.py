@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +35,11 @@ BORDER_TIER = (5, "border routers")
 ISP_TIER = (6, "ISPs")
 EXTERNAL_TIER = (7, "ISP hosts")
 OTHER_TIER = (8, "other")
-#: Curvature of a link's arcs: both directions of a cable bend apart, parallel cables more.
-ARC_RAD = (0.12, 0.3, 0.48, 0.66, 0.84, 1.0, 1.16, 1.32)
+#: How far (layout units) an arc bends off the straight line at its middle: both directions
+#: of a cable bend apart, each further parallel cable by one more step. In layout units, not
+#: as a share of the length, so that a short cable between adjacent tiers (a border's
+#: uplinks to an ISP) is as readable as a long diagonal one.
+ARC_BULGE, ARC_STEP = 0.2, 0.3
 #: Layout units: the width a tier is spread over, and the distance between two tiers.
 MAP_WIDTH, TIER_GAP = 10.0, 1.6
 
@@ -337,6 +341,13 @@ def _positions(fabric: Fabric) -> dict[str, tuple[float, float]]:
     return out
 
 
+def _rad(a: Arc, pos: dict[str, tuple[float, float]]) -> float:
+    """matplotlib's ``arc3`` curvature that bends ``a`` by its bulge (a share of its length)."""
+    (xa, ya), (xb, yb) = pos[a.src], pos[a.dst]
+    length = math.hypot(xb - xa, yb - ya) or 1.0
+    return round(min(1.5, 2 * (ARC_BULGE + ARC_STEP * a.key) / length), 3)
+
+
 def _mid(pa: tuple[float, float], pb: tuple[float, float], rad: float) -> tuple[float, float]:
     """The middle of matplotlib's ``arc3`` curve from ``pa`` to ``pb`` (equal aspect)."""
     dx, dy = pb[0] - pa[0], pb[1] - pa[1]
@@ -357,40 +368,44 @@ def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
     for a in arcs:
         g.add_edge(a.src, a.dst, key=a.key)
     cmap, norm = colormaps[UTIL_CMAP], Normalize(0.0, vmax)
-    styles = [f"arc3,rad={r}" for r in ARC_RAD]
     bw_max = max((a.bw_mbps for a in arcs), default=1.0) or 1.0
     node_size = 620
-    common = {"ax": ax, "arrows": True, "node_size": node_size,
-              "connectionstyle": styles, "hide_ticks": False}
 
     def width(a: Arc) -> float:
         return 1.2 + 2.8 * a.bw_mbps / bw_max
 
+    def draw_arcs(subset: list[Arc], widths: list[float], colours: list[Any],
+                  **kw: Any) -> None:
+        """networkx's arcs, one call per curvature (its ``connectionstyle`` is per call)."""
+        by_rad: dict[float, list[tuple[Arc, float, Any]]] = {}
+        for a, w, c in zip(subset, widths, colours, strict=True):
+            by_rad.setdefault(_rad(a, pos), []).append((a, w, c))
+        for rad, items in by_rad.items():
+            nx.draw_networkx_edges(g, pos, edgelist=[(a.src, a.dst, a.key) for a, _, _ in items],
+                                   width=[w for _, w, _ in items],
+                                   edge_color=[c for _, _, c in items], ax=ax, arrows=True,
+                                   node_size=node_size, hide_ticks=False,
+                                   connectionstyle=f"arc3,rad={rad}", **kw)
+
     handles: list[Any] = []
     if group and group.paths:
         on_path = {hop for p in group.paths for hop in p}
-        halo = [(a.src, a.dst, a.key) for a in arcs
-                if {(a.src, a.dst, None), (a.src, a.dst, a.port)} & on_path]
+        halo = [a for a in arcs if {(a.src, a.dst, None), (a.src, a.dst, a.port)} & on_path]
         if halo:
-            nx.draw_networkx_edges(g, pos, edgelist=halo, width=11, edge_color="#ff00cc",
-                                   alpha=0.28, arrowstyle="-", **common)
+            draw_arcs(halo, [11.0] * len(halo), ["#ff00cc"] * len(halo), alpha=0.28,
+                      arrowstyle="-")
             handles.append(Line2D([], [], color="#ff00cc", lw=6, alpha=0.4,
                                   label=f"path: {group.label}"))
     if top is not None:
-        nx.draw_networkx_edges(g, pos, edgelist=[(top.src, top.dst, top.key)],
-                               width=width(top) + 4, edge_color="black", arrowsize=16,
-                               arrowstyle="-|>", **common)
+        draw_arcs([top], [width(top) + 4], ["black"], arrowsize=16, arrowstyle="-|>")
     idle = [a for a in arcs if a.util_pct is None]
     if idle:
-        nx.draw_networkx_edges(g, pos, edgelist=[(a.src, a.dst, a.key) for a in idle],
-                               width=0.8, edge_color="#aaaaaa", style="dashed", arrowsize=7,
-                               arrowstyle="-|>", **common)
+        draw_arcs(idle, [0.8] * len(idle), ["#aaaaaa"] * len(idle), style="dashed",
+                  arrowsize=7, arrowstyle="-|>")
         handles.append(Line2D([], [], color="#aaaaaa", ls="--", label="no counters"))
     hot = [a for a in arcs if a.util_pct is not None]
-    nx.draw_networkx_edges(g, pos, edgelist=[(a.src, a.dst, a.key) for a in hot],
-                           width=[width(a) for a in hot],
-                           edge_color=[cmap(norm(a.util_pct or 0.0)) for a in hot],
-                           arrowsize=10, arrowstyle="-|>", **common)
+    draw_arcs(hot, [width(a) for a in hot], [cmap(norm(a.util_pct or 0.0)) for a in hot],
+              arrowsize=10, arrowstyle="-|>")
     shapes = {0: "o", 7: "o"}
     for rank, _, nodes in fabric.tiers:
         nx.draw_networkx_nodes(g, pos, nodelist=nodes, node_size=node_size, ax=ax,
@@ -402,7 +417,7 @@ def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
     for a in arcs:
         if not (a.drops or a.ce):
             continue
-        x, y = _mid(pos[a.src], pos[a.dst], ARC_RAD[min(a.key, len(ARC_RAD) - 1)])
+        x, y = _mid(pos[a.src], pos[a.dst], _rad(a, pos))
         if a.drops:
             ax.plot([x], [y], marker="X", ms=9, color="#d00000", mec="white", mew=0.8,
                     zorder=5)
@@ -420,7 +435,7 @@ def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
         handles.append(Line2D([], [], marker="D", ls="", color="#ff8c00",
                               label="CE marks (count)"))
     if top is not None:
-        x, y = _mid(pos[top.src], pos[top.dst], ARC_RAD[min(top.key, len(ARC_RAD) - 1)])
+        x, y = _mid(pos[top.src], pos[top.dst], _rad(top, pos))
         ax.annotate(f"hottest: {_link_name(top, arcs)} {top.util_pct:.0f} %", (x, y),
                     # Beside the arc, towards the map's middle: above it would hide a
                     # short arc between two adjacent tiers.
