@@ -66,10 +66,6 @@ class Fabric:
     tiers: list[tuple[int, str, list[str]]]
     cables: list[tuple[str, int | None, str, int | None, float]]   # a, a_port, b, b_port, bw
 
-    @property
-    def tier_of(self) -> dict[str, int]:
-        return {n: rank for rank, _, nodes in self.tiers for n in nodes}
-
 
 @dataclass
 class FlowGroup:
@@ -342,7 +338,8 @@ def _positions(fabric: Fabric) -> dict[str, tuple[float, float]]:
 
 
 def _rad(a: Arc, pos: dict[str, tuple[float, float]]) -> float:
-    """matplotlib's ``arc3`` curvature that bends ``a`` by its bulge (a share of its length)."""
+    """matplotlib's ``arc3`` curvature (a share of the arc's length) that bends ``a`` off the
+    straight line by its bulge in layout units."""
     (xa, ya), (xb, yb) = pos[a.src], pos[a.dst]
     length = math.hypot(xb - xa, yb - ya) or 1.0
     return round(min(1.5, 2 * (ARC_BULGE + ARC_STEP * a.key) / length), 3)
