@@ -19,6 +19,7 @@ setup(
         # scenarios): torch's NumPy bridge is built for NumPy 1.x and fails under 2.x;
         # matplotlib >= 3.10 wants >= 1.25, newer than Debian's own 1.24.
         "numpy>=1.25,<2",
+        "networkx>=3.3",    # the weathermap's graph and tiered layout (lab/plotting/weathermap.py)
         "pytest>=8",        # the `fabric` fixture users import (lab/testing.py)
         # Counters and queues read over rtnetlink in-process, one socket per namespace
         # (lab/measure/telemetry.py): a `tc` spawn per sample ate a slow machine's CPU headroom.

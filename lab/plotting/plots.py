@@ -19,6 +19,9 @@ from lab.plotting.sections import Section, dict_of, flow_label, link_labels, num
 MAX_LINES = 8
 #: A queue plot draws at most this many ports (the deepest ones).
 MAX_QUEUES = 8
+#: The one colour scale of utilisation (the heatmap, the weathermap) and its label.
+UTIL_CMAP = "viridis"
+UTIL_LABEL = "utilisation (% of link rate)"
 
 
 @dataclass
@@ -107,13 +110,13 @@ def util_spec(sec: Section) -> Spec | Skipped:
             grid = np.arange(0.0, t_end + step / 2, step)
             img = np.array([np.interp(grid, r[2], r[3], left=np.nan, right=np.nan)
                             for r in rows])
-            mesh = ax.imshow(img, aspect="auto", interpolation="nearest", cmap="viridis",
+            mesh = ax.imshow(img, aspect="auto", interpolation="nearest", cmap=UTIL_CMAP,
                              vmin=0, vmax=100, extent=(0, float(grid[-1]) + step, len(rows), 0))
             ax.set_yticks([i + 0.5 for i in range(len(rows))])
             ax.set_yticklabels([r[0] for r in rows], fontsize=7 if len(rows) <= 30 else 5.5)
             ax.set_ylabel("link (egress port)")
             cb = fig.colorbar(mesh, ax=ax, extend="max" if vmax > 100 else "neither")
-            cb.set_label("utilisation (% of link rate)")
+            cb.set_label(UTIL_LABEL)
             what = (f"Each row is one egress port, colour its utilisation per sample "
                     f"(yellow = full{', beyond 100 % = sampling jitter' if vmax > 100 else ''}). "
                     "Look for rows that stay yellow (a bottleneck) while their siblings "

@@ -28,7 +28,8 @@ on):
 - ``draw``: which specs a result gets, and drawing them (``make_plots``);
 - ``values``: values formatted once for the HTML and the terminal;
 - ``page``: one run's report.html (``write_report``);
-- ``compare``: two runs side by side (``compare_rows``, ``write_compare``).
+- ``compare``: two runs side by side (``compare_rows``, ``write_compare``);
+- ``weathermap``: one phase's weathermap with flows a reader names drawn as paths.
 """
 
 from lab.model.result import load_result
@@ -38,10 +39,11 @@ from lab.report.compare import COMPARE_NAME, compare_html, compare_rows, write_c
 from lab.report.draw import DPI, WIDTH_IN, make_plots
 from lab.report.page import PLOTS_DIR, REPORT_NAME, report_html, write_report
 from lab.report.values import flatten, format_value
+from lab.report.weathermap import draw_weathermap
 
 __all__ = [
     "COMPARE_NAME", "DPI", "MAX_LINES", "MAX_QUEUES", "PLOTS_DIR", "REPORT_NAME", "WIDTH_IN",
-    "Plot", "ReportError", "Section", "Skipped", "compare_html", "compare_rows", "flatten",
-    "format_value", "kind_of", "load_result", "make_plots", "report_html", "sections",
-    "write_compare", "write_report",
+    "Plot", "ReportError", "Section", "Skipped", "compare_html", "compare_rows",
+    "draw_weathermap", "flatten", "format_value", "kind_of", "load_result", "make_plots",
+    "report_html", "sections", "write_compare", "write_report",
 ]

@@ -12,6 +12,7 @@ from typing import Any
 from lab import kinds
 from lab.plotting.plots import Plot, Skipped, Spec, goodput_spec, queue_spec, util_spec
 from lab.plotting.sections import dict_of, kind_of, num, sections
+from lab.plotting.weathermap import weathermap_spec
 
 #: Plot size: 8 in at 100 dpi is 800 px, readable in a report and on a laptop screen.
 WIDTH_IN, DPI = 8.0, 100
@@ -37,6 +38,7 @@ def _specs(result: dict[str, Any], run_dir: Path | None) -> tuple[list[Spec], li
     for made in getattr(own, "run_plots", lambda _r, _s: [])(result, secs):
         add(made)
     for sec in secs:
+        add(weathermap_spec(sec, result))
         add(util_spec(sec))
         add(queue_spec(sec, queue_limit))
         add(goodput_spec(sec))

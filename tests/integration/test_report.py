@@ -103,8 +103,9 @@ def test_report_of_a_real_run(hash5_run, tmp_path):
     plots = index["plots"]
     names = {p["name"] for p in plots}
     # 16 links (> 8): a heatmap with a colour bar; 8 flows with an offered rate each.
-    assert {"util", "goodput"} <= names, index
-    assert names | {s["name"] for s in index["skipped"]} == {"util", "queue", "goodput"}
+    assert {"weathermap", "util", "goodput"} <= names, index
+    assert names | {s["name"] for s in index["skipped"]} == {"weathermap", "util", "queue",
+                                                             "goodput"}
     for p in plots:
         png = hash5_run / "plots" / p["file"]
         assert png.stat().st_size > 5000, p
@@ -117,7 +118,7 @@ def test_report_of_a_real_run(hash5_run, tmp_path):
             assert dark_share(im) > 0.02, p["file"]
         assert p["title"] and p["xlabel"] and p["ylabel"], p
         assert re.search(r"\(.+\)", p["ylabel"] + p["colorbar"]), p     # a unit
-        assert "(s)" in p["xlabel"] or p["kind"] == "goodput", p
+        assert "(s)" in p["xlabel"] or p["kind"] in ("goodput", "weathermap"), p
         assert p["legend"] or p["colorbar"], p
         assert p["caption"].strip().endswith("."), p
     util = next(p for p in plots if p["name"] == "util")

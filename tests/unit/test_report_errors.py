@@ -83,7 +83,7 @@ def test_a_result_with_nothing_to_plot_still_reports(tmp_path):
     html = write_report(tmp_path).read_text()
     index = json.loads((tmp_path / "plots" / "index.json").read_text())
     assert index["plots"] == []
-    assert {s["name"] for s in index["skipped"]} == {"util", "queue", "goodput"}
+    assert {s["name"] for s in index["skipped"]} == {"weathermap", "util", "queue", "goodput"}
     assert "no plots" in html and "<img" not in html
 
 
