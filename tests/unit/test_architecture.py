@@ -63,3 +63,11 @@ def test_a_forbidden_import_breaks_its_contract(copy: Path, module: str, imports
     assert out.returncode == 1, out.stdout + out.stderr
     broken = out.stdout.split("Broken contracts", 1)[-1]
     assert contract in broken and module[:-3].replace("/", ".") in broken, out.stdout
+
+
+def test_no_two_test_modules_share_a_name():
+    """pytest imports test modules by basename (the folders are not packages): two files of
+    one name in different folders stop the whole run at collection."""
+    tests = Path(__file__).resolve().parents[1]
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
