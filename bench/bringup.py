@@ -26,7 +26,8 @@ from controllers.config import build as controller_config
 from lab import run
 from lab.machine import environment, state
 from lab.net.controller import Controller
-from lab.net.fabric import LabControllerRef, ping_all, planned_names
+from lab.net.fabric import LabControllerRef, planned_names
+from lab.net.reach import ping_all
 from lab.net.topologies import describe, make_topology
 
 CASES = {

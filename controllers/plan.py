@@ -7,8 +7,10 @@ Pipeline (the numbers live here and only here):
   its own means a counter can never change where a packet goes.
 - table 1 (``TABLE_FORWARD``): IPv4 forwarding on the destination address. One candidate:
   output. Several: by the policy's granularity, a select group (``switch``), a per source
-  entry (``pair``, ``PRIO_PAIR`` above a ``PRIO_DST`` fallback) or a send-to-controller that
-  packet-ins turn into exact ``PRIO_FLOW`` entries (``flow``). Above all of them, exact
+  entry (``pair``, ``PRIO_PAIR`` above a ``PRIO_DST`` fallback) or, for TCP and UDP, a
+  send-to-controller (``PRIO_DST_L4``) that packet-ins turn into exact ``PRIO_FLOW`` entries
+  (``flow``); a ``flow`` policy's other IPv4 traffic (ICMP: reachability checks) takes a
+  select group at ``PRIO_DST``, so it never waits for the controller. Above all of them, exact
   ``PRIO_PIN`` entries the lab asks for: a placement computed from the whole job (a
   collision-free ring), which no per-flow hash can know.
 
@@ -33,6 +35,7 @@ TABLE_FORWARD = 1
 PRIO_DEFAULT = 0          # table 0: everything continues to forwarding
 PRIO_GATEWAY = 5          # table 1: frames for a gateway's MAC (off-fabric destinations)
 PRIO_DST = 10             # table 1: per destination host
+PRIO_DST_L4 = 15          # table 1: per destination host and L4 protocol (``flow`` policies)
 PRIO_PAIR = 20            # table 1: per (source, destination) host pair
 PRIO_FLOW = 30            # table 1: per 5-tuple, installed on packet-in
 PRIO_PIN = 40             # table 1: per 5-tuple, placed by the lab (``pin`` request)
@@ -174,7 +177,7 @@ def switch_plan(switch: str, routes: Mapping[str, Sequence[int]],
     multi = sorted({tuple(p) for p in routes.values() if len(p) > 1})
     group_of = {ports: gid for gid, ports in enumerate(multi, start=1)}
     groups: list[SelectGroup] = []
-    if policy.granularity == "switch":
+    if policy.granularity in ("switch", "flow"):
         groups = [SelectGroup(gid, ports) for ports, gid in group_of.items()]
     by_name = sorted(hosts, key=lambda h: h["name"])
     for host in by_name:
@@ -197,7 +200,13 @@ def switch_plan(switch: str, routes: Mapping[str, Sequence[int]],
                                         ("ipv4_dst", ip)), Action("output", port)))
             flows.append(FlowEntry(TABLE_FORWARD, PRIO_DST, _dst(ip), Action("output", ports[0])))
         elif policy.granularity == "flow":
-            flows.append(FlowEntry(TABLE_FORWARD, PRIO_DST, _dst(ip), Action("controller")))
+            # Only TCP and UDP carry the 5-tuple a per-flow policy decides on; a packet-in per
+            # ping per hop made reachability of a k=8 fat-tree (16,256 pairs) a controller storm.
+            for proto in (PROTO_TCP, PROTO_UDP):
+                flows.append(FlowEntry(TABLE_FORWARD, PRIO_DST_L4,
+                                       (*_dst(ip), ("ip_proto", proto)), Action("controller")))
+            flows.append(FlowEntry(TABLE_FORWARD, PRIO_DST, _dst(ip),
+                                   Action("group", group_of[ports])))
         else:
             raise ValueError(f"policy {policy.name!r}: unknown granularity "
                              f"{policy.granularity!r}")

@@ -8,17 +8,15 @@ spawns alone used up the CPU headroom a run's fidelity check asks for.
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import socket
 import struct
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from controllers.marking import QUEUE_HANDLE, tc_major
+from lab.machine.netns import netns_inode, socket_in
 
 _NLMSG_HDR = struct.Struct("=IHHII")        # len, type, flags, seq, pid
 _NLA_HDR = struct.Struct("=HH")             # len, type
@@ -182,16 +180,6 @@ class Netlink:
                 if i in self._names}
 
 
-def netns_inode(pid: int | None) -> int:
-    """The identity of a process's network namespace (its nsfs inode)."""
-    return os.stat(f"/proc/{pid if pid is not None else 'self'}/ns/net").st_ino
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL("libc.so.6", use_errno=True)
-
-
 def _socket_in(pid: int | None) -> socket.socket:
     """A bound rtnetlink socket created inside the network namespace of ``pid``."""
     def make() -> socket.socket:
@@ -199,30 +187,7 @@ def _socket_in(pid: int | None) -> socket.socket:
         s.bind((0, 0))
         return s
 
-    if pid is None:
-        return make()
-    from pyroute2 import netns
-
-    fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
-    box: dict[str, Any] = {}
-
-    def enter() -> None:
-        try:
-            # libc named, not looked up: ctypes' find_library spawns ``ldconfig -p``.
-            netns.setns(fd, flags=0, libc=_libc())    # this thread only; it ends right after
-            box["sock"] = make()
-        except OSError as e:
-            box["error"] = e
-
-    try:
-        t = threading.Thread(target=enter, name="fabriclab-netns", daemon=True)
-        t.start()
-        t.join()
-    finally:
-        os.close(fd)
-    if "error" in box:
-        raise box["error"]
-    return box["sock"]
+    return socket_in(pid, make)
 
 
 _root: Netlink | None = None

@@ -12,7 +12,6 @@ import subprocess
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from mininet.log import setLogLevel
 from mininet.net import Mininet
@@ -24,7 +23,8 @@ from lab.machine.environment import Environment
 from lab.model.errors import MachineError
 from lab.model.flows import EPHEMERAL_SYSCTL, HOST_EPHEMERAL_PORTS
 from lab.net.controller import Controller
-from lab.net.links import ShapedIntf, ShapedLink
+from lab.net.links import ShapedIntf, ShapedLink, ShapingBatch
+from lab.net.reach import ping_all
 from lab.net.topologies import FabricTopo, describe
 
 #: Compiled BPF objects (the ECN marker), built on first use and kept across runs: they
@@ -46,52 +46,6 @@ def planned_names(topo: FabricTopo) -> tuple[list[str], list[str]]:
             if node in switch_set:
                 intfs.append(f"{node}-eth{port}")
     return bridges, intfs
-
-
-#: Pings in flight per host at once. Every host pinging all its peers at once is 16,256
-#: pings for a fat-tree k=8: measured, 99 % of them lost to the flood of ping processes on
-#: 2 cores, with every entry installed. Eight at a time per host lost 0 % at k=6.
-PINGS_PER_HOST = 8
-
-
-def _ping_round(hosts: list, targets: dict[Any, list[str]],
-                timeout_s: float) -> dict[Any, list[str]]:
-    """Each host pings its targets, PINGS_PER_HOST at a time; the targets it lost."""
-    procs = []
-    for h in hosts:
-        if not targets.get(h):
-            continue
-        script = (f"printf '%s\\n' {' '.join(targets[h])} | xargs -P {PINGS_PER_HOST} -I@ "
-                  f"sh -c 'ping -c1 -W{timeout_s:g} -q @ >/dev/null 2>&1 && echo ok @ "
-                  f"|| echo lost @'")
-        procs.append((h, h.popen(["sh", "-c", script], stdout=subprocess.PIPE)))
-    lost: dict[Any, list[str]] = {}
-    for h, p in procs:
-        words = p.communicate()[0].decode().split()
-        lost[h] = [ip for verdict, ip in zip(words[::2], words[1::2], strict=False)
-                   if verdict == "lost"]
-        answered = len(words) // 2
-        if answered < len(targets[h]):          # a ping that printed nothing: lost too
-            said = set(words[1::2])
-            lost[h] += [ip for ip in targets[h] if ip not in said]
-    return lost
-
-
-def ping_all(hosts: list, timeout_s: float = 1.0) -> float:
-    """All-pairs ping, hosts side by side; the loss in per cent.
-
-    Mininet's ``pingAll`` pings pair after pair (240 round trips through the shells for 16
-    hosts, most of a fat-tree's bring-up time); here each host pings its peers in parallel,
-    a few at a time. A pair lost in the first round is pinged once more: its first packet
-    may have met a burst of every pair's first packets at the controller (a per-flow policy
-    decides each), which says nothing about whether the fabric connects them.
-    """
-    targets = {h: [o.IP() for o in hosts if o is not h] for h in hosts}
-    total = sum(len(t) for t in targets.values())
-    lost = _ping_round(hosts, targets, timeout_s)
-    if any(lost.values()):
-        lost = _ping_round(hosts, lost, timeout_s)
-    return 100.0 * sum(len(v) for v in lost.values()) / total if total else 0.0
 
 
 class LabControllerRef(RemoteController):
@@ -147,13 +101,28 @@ class Fabric:
         self.controller.start()
         self.timings["controller_s"] = time.monotonic() - t0
         ShapedIntf.netem_available = self.env.netem
+        # batch: one ovs-vsctl for every switch (Mininet's batchStartup), not one each.
         switch = partial(OVSSwitch, datapath=self.env.datapath, failMode="secure",
-                         protocols="OpenFlow13")
+                         protocols="OpenFlow13", batch=True)
         ctrl = partial(LabControllerRef, ip="127.0.0.1", port=self.controller.port)
+        with ShapingBatch() as shaping:
+            self._build_and_start(switch, ctrl, shaping, t0)
+        self.fast_reconnect()
+        t1 = time.monotonic()
+        self.controller.wait_ready()
+        self.timings["programmed_s"] = time.monotonic() - t1
+        self.timings["ready_s"] = time.monotonic() - t0
+
+    def _build_and_start(self, switch: partial, ctrl: partial, shaping: ShapingBatch,
+                         t0: float) -> None:
+        """Mininet builds the network and starts the switches; links are shaped after that,
+        all at once (:class:`ShapingBatch`)."""
+        assert self.controller is not None
         self.net = Mininet(topo=self.topo, switch=switch, link=ShapedLink, controller=ctrl,
                            autoSetMacs=False, autoStaticArp=False, build=False,
                            waitConnected=False)
         self.net.build()
+        shaping.set_up()
         self.static_arp()
         for node in self.net.hosts + self.net.switches + self.net.controllers:
             self.record.pids.append({"pid": node.pid, "start": state.proc_start_time(node.pid),
@@ -173,10 +142,12 @@ class Fabric:
                 raise MachineError("topology", f"{host.name}: could not move its ephemeral "
                                    f"ports to {HOST_EPHEMERAL_PORTS}: {ports.strip()!r}")
         self.timings["build_s"] = time.monotonic() - t0
+        t1 = time.monotonic()
         self.net.start()
-        self.fast_reconnect()
-        self.controller.wait_ready()
-        self.timings["ready_s"] = time.monotonic() - t0
+        self.timings["switches_s"] = time.monotonic() - t1
+        t1 = time.monotonic()
+        shaping.apply()
+        self.timings["shaping_s"] = time.monotonic() - t1
 
     def fast_reconnect(self) -> None:
         """Switches retry a lost controller every second, not after up to 8 s (OVS's

@@ -230,13 +230,24 @@ def test_pair_granularity_has_an_entry_per_source_and_a_fallback() -> None:
     assert plans["leaf1"].groups == ()
 
 
-def test_flow_granularity_sends_multi_candidate_destinations_to_the_controller() -> None:
+def test_flow_granularity_sends_multi_candidate_tcp_and_udp_to_the_controller() -> None:
+    """A per-flow policy decides TCP and UDP flows on their first packet; everything else
+    (ICMP) to a multi-candidate destination takes the switch's select group proactively."""
     _, plans = build("hash5")
     fw = forwarding(plans["leaf1"])
-    by_dst = {f.match_dict()["ipv4_dst"]: f.action for f in fw}
-    assert by_dst == {"10.0.0.1": Action("output", 1), "10.0.0.2": Action("output", 2),
-                      "10.0.0.3": Action("controller"), "10.0.0.4": Action("controller")}
-    assert all(f.priority == plan.PRIO_DST for f in fw)
+    by_dst: dict[tuple, Action] = {}
+    for f in fw:
+        m = f.match_dict()
+        by_dst[(m["ipv4_dst"], m.get("ip_proto"), f.priority)] = f.action
+    groups = {g.group_id: g.ports for g in plans["leaf1"].groups}
+    assert groups == {1: (3, 4)}
+    assert by_dst == {
+        ("10.0.0.1", None, plan.PRIO_DST): Action("output", 1),
+        ("10.0.0.2", None, plan.PRIO_DST): Action("output", 2),
+        **{(dst, proto, plan.PRIO_DST_L4): Action("controller")
+           for dst in ("10.0.0.3", "10.0.0.4") for proto in (plan.PROTO_TCP, plan.PROTO_UDP)},
+        **{(dst, None, plan.PRIO_DST): Action("group", 1) for dst in ("10.0.0.3", "10.0.0.4")},
+    }
 
 
 def test_plans_are_deterministic() -> None:
