@@ -180,7 +180,7 @@ def watching(topo_desc: dict[str, Any], title: str, progress: Callable[[str], No
     """
     feed = live.Feed()
     server = _bind(port, page_html(title, layout(topo_desc)), feed)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.25},
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5},
                               name="fabriclab-live", daemon=True)
     thread.start()
     try:
