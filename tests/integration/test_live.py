@@ -106,6 +106,7 @@ def test_the_hot_uplink_changes_colour_when_the_traffic_starts(watched: dict[str
     before = [p for p in seen[:seen.index(next(p for p in seen if p["phase"] == "traffic"))]
               if p["state"] == "live"]
     during = [p for p in seen if p["phase"] == "traffic"]
+    assert before, "the page was first read after the traffic had started"
     colour_before = before[-1]["arcs"][hot_id][0]
     hot_reads = [p for p in during if p["arcs"][hot_id][1]
                  and float(p["arcs"][hot_id][1]) > 0.7]
