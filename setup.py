@@ -9,7 +9,8 @@ setup(
                 "ECMP controller, to reproduce network-induced stalls with real packets",
     python_requires=">=3.11",
     packages=find_packages(include=["lab", "lab.*", "controllers", "controllers.*"]),
-    package_data={"lab": ["setup.sh", "provision.sh", "packages.txt", "vm_guest.sh"]},
+    package_data={"lab": ["setup.sh", "provision.sh", "packages.txt", "vm_guest.sh",
+                          "report/live.html"]},
     install_requires=[
         "os-ken>=4.2",      # maintained Ryu fork; Ryu 4.34 lives in its own venv (lab/setup.sh)
         "PyYAML>=6.0",

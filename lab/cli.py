@@ -47,7 +47,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from lab import run
     results = run.run(args.scenario, out=Path(args.out) if args.out else None,
                       policy=args.policy, sets=args.set, duration=args.duration,
-                      seed=args.seed, runtime=args.controller,
+                      seed=args.seed, runtime=args.controller, live=args.live,
                       progress=lambda msg: print(msg, flush=True))
     for out_dir, result in results:
         result.setdefault("kind", "ecmp")
@@ -292,6 +292,9 @@ def _run_parser(sub: Subparsers) -> None:
     r.add_argument("--seed", type=int)
     r.add_argument("--out", help="result directory (default results/<scenario>-<time>/)")
     r.add_argument("--controller", choices=RUNTIMES, help="controller runtime")
+    r.add_argument("--live", action="store_true",
+                   help="serve a live view of the links on 127.0.0.1 while it runs "
+                        "(the URL is printed at the start)")
     r.set_defaults(func=_cmd_run)
 
 

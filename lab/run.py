@@ -21,6 +21,7 @@ from typing import Any
 from lab import kinds
 from lab.kinds.base import Plan, Progress
 from lab.machine import environment, state
+from lab.measure import live as measure_live
 from lab.model import scenario
 from lab.model.errors import MachineError
 from lab.model.policies import policy_names
@@ -176,16 +177,38 @@ def write_report_quietly(out_dir: Path, log: Progress | None = None) -> Path | N
         return None
 
 
-def run(name: str, out: Path | None = None, progress: Progress = print,
+@contextmanager
+def live_view(plans: list[Plan], progress: Progress, on: bool) -> Iterator[Progress]:
+    """With ``on``, the run's live page (``lab.report.live``) for the body, and a progress
+    that tells it each line too; without, ``progress`` as it is and nothing started."""
+    if not on:
+        yield progress
+        return
+    from lab.report.live import watching
+    title = f"{plans[0].scenario.name}: {', '.join(p.policy_label for p in plans)}"
+    with watching(plans[0].topo_desc, title, progress) as feed:
+        def said(message: str) -> None:
+            feed.note(message)
+            progress(message)
+        yield said
+
+
+def run(name: str, out: Path | None = None, progress: Progress = print, live: bool = False,
         **kwargs: Any) -> list[tuple[Path, dict[str, Any]]]:
-    """Validate, then execute one plan per policy. Returns [(result dir, result)]."""
+    """Validate, then execute one plan per policy. Returns [(result dir, result)].
+
+    With ``live``, a page on 127.0.0.1 shows the fabric's links as they run, from before
+    the first plan's bring-up until the last report is written.
+    """
     plans = make_plans(name, **kwargs)
     base = out or default_out_dir(plans[0].scenario.name)
     done = []
-    for plan in plans:
-        out_dir = base if len(plans) == 1 else base / plan.policy_label
-        done.append((out_dir, execute(plan, out_dir, progress)))
-        write_report_quietly(out_dir, progress)
+    with live_view(plans, progress, live) as progress:
+        for plan in plans:
+            out_dir = base if len(plans) == 1 else base / plan.policy_label
+            done.append((out_dir, execute(plan, out_dir, progress)))
+            measure_live.set_phase("writing the report")
+            write_report_quietly(out_dir, progress)
     if len(plans) > 1:
         summary = {r["policy"]: r["metrics"] for _, r in done}
         base.mkdir(parents=True, exist_ok=True)

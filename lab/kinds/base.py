@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from controllers import policies
 from lab.machine import environment
+from lab.measure import live
 from lab.model import scenario
 from lab.model.flows import FlowSpec
 from lab.net.topologies import FabricTopo, make_topology
@@ -83,6 +84,7 @@ def bring_up(plan: Plan, fabric: Fabric, progress: Progress) -> float:
     progress(f"[{plan.policy_label}] bringing up {plan.topo_desc['type']} "
              f"({len(plan.topo_desc['switches'])} switches, "
              f"{len(plan.topo_desc['hosts'])} hosts), controller {plan.runtime}")
+    live.set_phase("bring-up")
     fabric.start()
     loss = fabric.pingall()
     progress(f"[{plan.policy_label}] up in {fabric.timings['ready_s']:.1f} s; "

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from lab.measure import live
 from lab.measure.netlink import close_netlink, qdisc_stats
 
 NFT_TABLE = "fabriclab"
@@ -127,7 +128,11 @@ class RouterSampler(threading.Thread):
 
     def _read(self) -> dict[RouterPort, int]:
         dev = {node: netdev(pid) for node, pid in self.pids.items()}
-        return {p: dev[p.node].get(p.intf, (0, 0, 0))[1] for p in self.ports}
+        sent = {p: dev[p.node].get(p.intf, (0, 0, 0))[1] for p in self.ports}
+        feed = live.current()
+        if feed is not None:
+            feed.publish(time.monotonic(), {(p.node, p.port): b for p, b in sent.items()})
+        return sent
 
     def run(self) -> None:
         prev, prev_t = self._read(), time.monotonic()

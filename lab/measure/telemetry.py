@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from lab.measure import live
 from lab.measure.netlink import LinkCounters, netlink
 
 
@@ -217,9 +218,13 @@ class Sampler(threading.Thread):
             tx.close()
 
     def _tick(self, tx: TxBytes) -> dict[Port, tuple[int, int]]:
-        """{port: (tx bytes, queue backlog bytes)} now."""
+        """{port: (tx bytes, queue backlog bytes)} now (and to the live view, if any)."""
         sent = tx.read()
         q = netlink().qdiscs()
+        feed = live.current()
+        if feed is not None:
+            feed.publish(time.monotonic(), {(p.node, p.port): sent[p.intf]
+                                            for p in self.ports if p.intf in sent})
         return {p: (sent.get(p.intf, 0), q.get(p.intf, (0, 0))[1]) for p in self.ports}
 
     def _sample(self, tx: TxBytes) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from lab.measure import telemetry
+from lab.measure import live, telemetry
 from lab.measure.result import link_entries
 
 FlowCounters = dict[str, dict[int, tuple[int, int]]]
@@ -26,10 +26,12 @@ class Window:
     """
 
     def __init__(self, sampler: telemetry.Sampler, ports: list[telemetry.Port],
-                 bridges: list[str]) -> None:
+                 bridges: list[str], name: str = "traffic") -> None:
         self.sampler = sampler
         self.ports = ports
         self.bridges = bridges
+        #: The phase the window measures, as a live view names it.
+        self.name = name
         self.t_start = self.t_end = 0.0
 
     def open(self) -> None:
@@ -37,12 +39,15 @@ class Window:
         self.before = telemetry.snapshot(self.ports)
         self.flows0 = {br: telemetry.flow_counters(br) for br in self.bridges}
         self.t_start = time.monotonic() - self.sampler.t0
+        live.set_phase(self.name)
 
     def close(self) -> None:
         """Read them again once the queues are empty and the flow counters still."""
+        live.set_phase(f"{self.name}: draining")
         self.after = telemetry.drained_snapshot(self.ports)
         self.t_end = time.monotonic() - self.sampler.t0
         self.flows1 = telemetry.settled_flow_counters(self.bridges)
+        live.set_phase(f"{self.name}: done")
 
     @property
     def measured_s(self) -> float:

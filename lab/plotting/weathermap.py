@@ -316,7 +316,7 @@ def weathermap_spec(sec: Section, result: dict[str, Any],
     return Spec(name, "weathermap", sec.name, max(4.0, height), vmax, draw)
 
 
-def _positions(fabric: Fabric) -> dict[str, tuple[float, float]]:
+def positions(fabric: Fabric) -> dict[str, tuple[float, float]]:
     """networkx's tiered layout, each tier then spread over the map's width (a tier of two
     spines stands above the middle of its leaves, not huddled in the centre)."""
     import networkx as nx
@@ -337,7 +337,7 @@ def _positions(fabric: Fabric) -> dict[str, tuple[float, float]]:
     return out
 
 
-def _rad(a: Arc, pos: dict[str, tuple[float, float]]) -> float:
+def arc_rad(a: Arc, pos: dict[str, tuple[float, float]]) -> float:
     """matplotlib's ``arc3`` curvature (a share of the arc's length) that bends ``a`` off the
     straight line by its bulge in layout units."""
     (xa, ya), (xb, yb) = pos[a.src], pos[a.dst]
@@ -359,7 +359,7 @@ def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
     from matplotlib.lines import Line2D
 
     ax = fig.add_subplot()
-    pos = _positions(fabric)
+    pos = positions(fabric)
     g = nx.MultiDiGraph()
     g.add_nodes_from(pos)
     for a in arcs:
@@ -376,7 +376,7 @@ def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
         """networkx's arcs, one call per curvature (its ``connectionstyle`` is per call)."""
         by_rad: dict[float, list[tuple[Arc, float, Any]]] = {}
         for a, w, c in zip(subset, widths, colours, strict=True):
-            by_rad.setdefault(_rad(a, pos), []).append((a, w, c))
+            by_rad.setdefault(arc_rad(a, pos), []).append((a, w, c))
         for rad, items in by_rad.items():
             nx.draw_networkx_edges(g, pos, edgelist=[(a.src, a.dst, a.key) for a, _, _ in items],
                                    width=[w for _, w, _ in items],
@@ -414,7 +414,7 @@ def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
     for a in arcs:
         if not (a.drops or a.ce):
             continue
-        x, y = _mid(pos[a.src], pos[a.dst], _rad(a, pos))
+        x, y = _mid(pos[a.src], pos[a.dst], arc_rad(a, pos))
         if a.drops:
             ax.plot([x], [y], marker="X", ms=9, color="#d00000", mec="white", mew=0.8,
                     zorder=5)
@@ -432,7 +432,7 @@ def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
         handles.append(Line2D([], [], marker="D", ls="", color="#ff8c00",
                               label="CE marks (count)"))
     if top is not None:
-        x, y = _mid(pos[top.src], pos[top.dst], _rad(top, pos))
+        x, y = _mid(pos[top.src], pos[top.dst], arc_rad(top, pos))
         ax.annotate(f"hottest: {_link_name(top, arcs)} {top.util_pct:.0f} %", (x, y),
                     # Beside the arc, towards the map's middle: above it would hide a
                     # short arc between two adjacent tiers.

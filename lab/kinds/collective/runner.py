@@ -360,7 +360,7 @@ class JobRun(JobPrograms):
         bridges = [s["name"] for s in self.topo["switches"]]
         sampler = telemetry.Sampler(self.ports, hz=float(pp["sample_hz"]),
                                     controller=self.fabric.controller)
-        d = Drive(Window(sampler, self.ports, bridges))
+        d = Drive(Window(sampler, self.ports, bridges, name=name))
         watched_hosts = sorted({*ph.hosts, *pp["storage"]["hosts"]})
         procs: list[subprocess.Popen] = []
         gloo_ready: list[Path] = []

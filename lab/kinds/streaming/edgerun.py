@@ -298,7 +298,7 @@ class EdgeRun:
         work.mkdir(parents=True, exist_ok=True)
         players = self.start_players(streams, work, duration)
         marks.append(("players", time.monotonic()))
-        window = Window(self.sampler, self.fports, self.bridges)
+        window = Window(self.sampler, self.fports, self.bridges, name=phase)
         before_r = routerstats.snapshot(self.pids, self.rports)
         nft0 = {n: routerstats.read_flow_counters(p, self.intfs[n]) for n, p in self.pids.items()}
         window.open()
