@@ -3,11 +3,12 @@ epochs): one run, four phases, every assertion on it.
 
 What is checked: gloo's own connections, found after rendezvous, are flows whose counted
 paths agree with the links' counters, and they carry a ring's bytes for S bytes of
-gradients per step; DDP's hook gives every measured step a forward, a backward and an
-all-reduce time, and an overlap in [0, 1]; in buckets a share of the all-reduce hides
-behind backward and the steps are shorter than in one bucket, where none does; placed,
-no two ring hops share a link, and hashed steps whose hops collided take longer; steps
-that meet a checkpoint on the GPUs' NICs take longer than those that do not.
+gradients per step (and retransmit no more than their hosts did while the job ran); DDP's
+hook gives every measured step a forward, a backward and an all-reduce time, and an
+overlap in [0, 1]; in buckets a share of the all-reduce hides behind backward and the
+steps are shorter than in one bucket, where none does; placed, no two ring hops share a
+link, and hashed steps whose hops collided take longer; steps that meet a checkpoint take
+longer than those that do not.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def test_gloos_connections_are_flows_whose_paths_agree_with_the_counters(ddp):
         assert m["gloo"]["seen"]["algorithm"] == "ring", (name, m["gloo"]["seen"])
         problems = check_links_agree_with_flows({**details, "topology": ddp["topology"]})
         assert not problems, (name, problems)
+        # the connections' own counts are the measured job's, not DDP's set-up before it
+        assert m["retransmits"] <= m["tcp"]["RetransSegs"], (name, m["retransmits"], m["tcp"])
     ckpt = [f for f in ddp["phase_details"]["checkpoint"]["flows"]
             if f["kind"] == "storage-checkpoint"]
     assert ckpt and all(f["bytes"] > 0 for f in ckpt)
