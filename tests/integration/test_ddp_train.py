@@ -14,6 +14,7 @@ longer than those that do not.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -24,11 +25,16 @@ STEPS = 8           # two epochs of four: two hash rolls in the hashed phase
 
 
 @pytest.fixture(scope="module")
-def ddp(tmp_path_factory) -> dict:
+def run_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp-train") / "run"
     fabriclab("run", "ddp-train", "--set", f"job.steps={STEPS}", "--out", str(out),
               timeout=400)
-    return json.loads((out / "result.json").read_text())
+    return out
+
+
+@pytest.fixture(scope="module")
+def ddp(run_dir) -> dict:
+    return json.loads((run_dir / "result.json").read_text())
 
 
 def phase(r: dict, name: str) -> dict:
@@ -103,3 +109,7 @@ def test_a_checkpoint_on_the_nics_slows_the_steps_it_meets(ddp):
     b = phase(ddp, "checkpoint")["by_checkpoint"]
     assert b["during"]["steps"] and b["outside"]["steps"], b
     assert b["during"]["comm_p50_s"] > b["outside"]["comm_p50_s"], b
+
+
+def test_the_report_draws_each_phase_step_part_by_part(run_dir):
+    assert (run_dir / "plots" / "ddp-steps.png").stat().st_size > 10_000

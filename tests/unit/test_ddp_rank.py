@@ -127,3 +127,31 @@ def test_ddp_metrics_over_ranks_and_measured_steps():
     # a step some rank did not finish is not a step
     r1["steps"].pop()
     assert [s["step"] for s in jm.ddp_metrics([r0, r1])["series"]] == [0, 1]
+
+
+def test_the_ddp_plot_draws_each_phase_step_part_by_part():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lab.kinds.collective.plots import run_plots
+    from lab.plotting.sections import sections
+
+    def ddp(fwd: float, bwd: float, exposed: float, buckets: int, ov: float) -> dict:
+        return {"fwd_p50_s": fwd, "bwd_p50_s": bwd, "exposed_comm_p50_s": exposed,
+                "comm_p50_s": 0.27, "buckets": buckets, "overlap_fraction": ov}
+    result = {"metrics": {"phases": {"placed": {"ddp": ddp(0.11, 0.21, 0.11, 8, 0.6)},
+                                     "one-bucket": {"ddp": ddp(0.11, 0.21, 0.29, 1, 0.0)}}},
+              "phase_details": {"placed": {}, "one-bucket": {}}}
+    specs = {s.name: s for s in run_plots(result, sections(result)) if hasattr(s, "draw")}
+    spec = specs["ddp-steps"]
+    assert spec.vmax == pytest.approx(610.0)            # the longest step, in ms
+    fig = plt.figure()
+    caption = spec.draw(fig, spec.vmax)
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    plt.close(fig)
+    assert labels == ["8 buckets, 60% overlapped", "1 bucket, 0% overlapped"]
+    assert "placed: all-reduce 270 ms, 110 exposed" in caption
+    # a run without DDP has no such plot
+    assert all(getattr(s, "name", "") != "ddp-steps"
+               for s in run_plots({"metrics": {}}, sections({"metrics": {}})))
