@@ -16,7 +16,8 @@ The model: ``BLOCKS`` blocks of ``Linear(WIDTH, m) -> ReLU -> Linear(m, WIDTH)``
 biases), m chosen so that the parameters are exactly S / 4 float32s; synthetic data, one
 fixed batch of ``BATCH`` samples per rank; MSE loss; SGD. Its arithmetic is a few ms on one
 thread, so N ranks leave the emulated network its two cores. The GPU time a real model
-would take is ``--compute-s`` per step, modelled as the synthetic ring and the gloo rank
+would take is ``--compute-s`` per step (with ``--jitter-s`` and the straggler's
+``--straggler-s``, as the gloo rank's), modelled as the synthetic ring and the gloo rank
 model it, by sleeping (a GPU's compute does not take the host's CPU): a third in forward,
 two thirds in backward (backward costs about twice forward), spread over the blocks, so
 the buckets become ready one after another during backward as they would on a GPU.
@@ -107,8 +108,6 @@ class DDPRank(GlooRank):
 
         a, nn = self.args, torch.nn
         m = hidden_width(a.size)
-        fwd = a.compute_s * FORWARD_SHARE / BLOCKS
-        bwd = a.compute_s * (1 - FORWARD_SHARE) / BLOCKS
         sleep = _gpu_time(torch)
         # DDP reads its first bucket's cap from here when it builds its reducer.
         self.dist._DEFAULT_FIRST_BUCKET_BYTES = int(a.first_bucket_mb * 1024 * 1024)
@@ -116,8 +115,7 @@ class DDPRank(GlooRank):
         layers: list[Any] = []
         for _ in range(BLOCKS):
             layers += [nn.Linear(WIDTH, m, bias=False), nn.ReLU(), nn.Linear(m, WIDTH, bias=False)]
-            if a.compute_s > 0:
-                layers.append(sleep(fwd, bwd))
+            layers.append(sleep(0.0, 0.0))     # set per step: _set_gpu_time
         net = nn.Sequential(*layers)
         self.params = sum(p.numel() for p in net.parameters())
         for group in groups:
@@ -132,6 +130,15 @@ class DDPRank(GlooRank):
         self.y = torch.randn(BATCH, WIDTH, generator=gen)
         for model in self.models:              # DDP's one-bucket first iteration
             ((model(self.x) - self.y) ** 2).mean().backward()
+
+    @staticmethod
+    def _set_gpu_time(model: Any, compute_s: float) -> None:
+        """This step's modelled GPU time (``--compute-s``, with the gloo rank's jitter and
+        straggler), a third in forward and two thirds in backward, spread over the blocks."""
+        for m in model.module:
+            if hasattr(m, "bwd_s"):
+                m.fwd_s = compute_s * FORWARD_SHARE / BLOCKS
+                m.bwd_s = compute_s * (1 - FORWARD_SHARE) / BLOCKS
 
     def _hook(self, group: Any, bucket: Any) -> Any:
         """DDP's communication hook: one bucket ready; all-reduce it, stamp start and end."""
@@ -152,6 +159,7 @@ class DDPRank(GlooRank):
         a = self.args
         model, opt = self.models[epoch], self.optims[epoch]
         opt.zero_grad(set_to_none=False)      # before the step: not part of its time
+        self._set_gpu_time(model, self._compute_time())
         self.buckets = []
         t_start = now()
         loss = ((model(self.x) - self.y) ** 2).mean()
