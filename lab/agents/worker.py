@@ -30,6 +30,9 @@ Command lines::
 
 ``gloo`` is the same training rank on PyTorch's gloo (:mod:`lab.agents.gloorank`): the
 library, not the lab, opens and numbers its connections, and the rank reports them.
+``ddp`` takes gloo's arguments (no ``--sizes``) plus ``--bucket-cap-mb MB`` and
+``--first-bucket-mb MB``: a real ``DistributedDataParallel`` training rank on gloo
+(:mod:`lab.agents.ddprank`) whose model's gradients total ``--size`` bytes.
 
 Each writes one JSON document to ``--out`` (default stdout) when it ends - also when stopped by
 SIGTERM/SIGINT or failing, with ``error`` saying why. Exit status: 0 done; 1 the run broke (a
@@ -79,6 +82,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
 from lab.agents.common import StopRequestedError, catch_signals, ignore_signals, write_json
+from lab.agents.ddprank import SPLIT_BYTES, DDPRank
 from lab.agents.gloorank import ELEMENT_BYTES, GlooRank
 from lab.agents.incast import IncastSender, IncastSink
 from lab.agents.ring import RingRank
@@ -251,6 +255,17 @@ def validate_gloo(a: argparse.Namespace) -> None:
     _check_common(a)
 
 
+def validate_ddp(a: argparse.Namespace) -> None:
+    """gloo's checks, and a gradient size the model can be built to: exit 2 naming the field."""
+    validate_gloo(a)
+    if a.size % SPLIT_BYTES:
+        raise UsageError("size_bytes", f"{a.size} must be a multiple of {SPLIT_BYTES} (the "
+                         "model's blocks of float32 matrices)")
+    for name in ("bucket_cap_mb", "first_bucket_mb"):
+        if not getattr(a, name) > 0:
+            raise UsageError(name, f"must be > 0, got {getattr(a, name)}")
+
+
 def validate_incast(a: argparse.Namespace) -> None:
     if a.cmd == "incast-sink":
         for name, value in (("senders", a.senders), ("burst", a.burst), ("steps", a.steps)):
@@ -276,6 +291,30 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--io-timeout-s", type=float, default=60.0,
                    help="give up when no byte moves for this long")
     p.add_argument("--out", help="JSON summary file (default: stdout)")
+
+
+def _add_gloo(p: argparse.ArgumentParser) -> None:
+    """The arguments of a rank on gloo (the all-reduce job's and DDP's)."""
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True, help="number of ranks N")
+    p.add_argument("--master", type=_addr, required=True,
+                   help="rank 0's fabric IP:PORT: the rendezvous (init_method=tcp://...)")
+    p.add_argument("--peers", type=_ips, required=True,
+                   help="every rank's fabric IP, in rank order: names a connection's peer")
+    p.add_argument("--iface", required=True, help="the fabric interface (GLOO_SOCKET_IFNAME)")
+    p.add_argument("--size", type=int, required=True, help="gradient bytes per step")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--warmup", type=int, default=1, help="first steps marked warmup")
+    p.add_argument("--compute-s", type=float, default=0.1)
+    p.add_argument("--jitter-s", type=float, default=0.0, help="compute ± uniform jitter")
+    p.add_argument("--seed", type=int, default=0, help="jitter RNG seed (+ rank)")
+    p.add_argument("--straggler-rank", type=int, default=-1)
+    p.add_argument("--straggler-s", type=float, default=0.0)
+    p.add_argument("--epoch-steps", type=int, default=0,
+                   help="a new process group (new connections) every E steps (0: never)")
+    p.add_argument("--conns-out", required=True,
+                   help="where gloo's connections are written once rendezvous is done")
+    p.add_argument("--ready-file", required=True, help="written once ready for the go")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -306,29 +345,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(ring)
 
     gl = sub.add_parser("gloo", help="one rank of the same job on PyTorch's gloo")
-    gl.add_argument("--rank", type=int, required=True)
-    gl.add_argument("--world", type=int, required=True, help="number of ranks N")
-    gl.add_argument("--master", type=_addr, required=True,
-                    help="rank 0's fabric IP:PORT: the rendezvous (init_method=tcp://...)")
-    gl.add_argument("--peers", type=_ips, required=True,
-                    help="every rank's fabric IP, in rank order: names a connection's peer")
-    gl.add_argument("--iface", required=True, help="the fabric interface (GLOO_SOCKET_IFNAME)")
-    gl.add_argument("--size", type=int, required=True, help="gradient bytes per step")
-    gl.add_argument("--steps", type=int, required=True)
-    gl.add_argument("--warmup", type=int, default=1, help="first steps marked warmup")
-    gl.add_argument("--compute-s", type=float, default=0.1)
-    gl.add_argument("--jitter-s", type=float, default=0.0, help="compute ± uniform jitter")
-    gl.add_argument("--seed", type=int, default=0, help="jitter RNG seed (+ rank)")
-    gl.add_argument("--straggler-rank", type=int, default=-1)
-    gl.add_argument("--straggler-s", type=float, default=0.0)
-    gl.add_argument("--epoch-steps", type=int, default=0,
-                    help="a new process group (new connections) every E steps (0: never)")
+    _add_gloo(gl)
     gl.add_argument("--sizes", type=_ports, help="a size sweep: --steps steps of each of "
                     "these gradient sizes in bytes, in order (--size is then unused)")
-    gl.add_argument("--conns-out", required=True,
-                    help="where gloo's connections are written once rendezvous is done")
-    gl.add_argument("--ready-file", required=True, help="written once ready for the go")
     _add_common(gl)
+
+    ddp = sub.add_parser("ddp", help="one rank of a DistributedDataParallel job on gloo")
+    _add_gloo(ddp)
+    ddp.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                     help="DDP's bucket size (its default: 25 MB)")
+    ddp.add_argument("--first-bucket-mb", type=float, default=1.0,
+                     help="DDP's first bucket's size (its default: 1 MB)")
+    ddp.set_defaults(sizes=None)
+    _add_common(ddp)
 
     sink = sub.add_parser("incast-sink", help="receiver of synchronised many-to-one bursts")
     sink.add_argument("--listen", type=_addr, required=True)
@@ -354,14 +383,17 @@ def main(argv: list[str] | None = None) -> int:
             validate_ring(args)
         elif args.cmd == "gloo":
             validate_gloo(args)
+        elif args.cmd == "ddp":
+            validate_ddp(args)
         else:
             validate_incast(args)
     except UsageError as exc:
         print(f"collective {args.cmd}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     factories: dict[str, Callable[[argparse.Namespace], _Worker]] = {
-        "ring": RingRank, "gloo": GlooRank, "incast-sink": IncastSink, "incast-send": IncastSender}
-    who = f"collective {args.cmd}" + (f" rank {args.rank}" if args.cmd in ("ring", "gloo")
+        "ring": RingRank, "gloo": GlooRank, "ddp": DDPRank, "incast-sink": IncastSink,
+        "incast-send": IncastSender}
+    who = f"collective {args.cmd}" + (f" rank {args.rank}" if args.cmd in ("ring", "gloo", "ddp")
                                       else "")
     return _run_and_report(factories[args.cmd](args), args.out, who)
 

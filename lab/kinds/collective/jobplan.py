@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controllers.marking import parse_marking
+from lab.agents.ddprank import BLOCKS, SPLIT_BYTES, WIDTH
 from lab.model.errors import MachineError, ScenarioError
 from lab.model.flows import FlowSpec
 from lab.model.scenario import Param, deep_update
@@ -35,10 +36,17 @@ BURST_PORT = 7500         # the UDP micro-burst receiver
 #: in advance) or PyTorch's gloo (``lab.agents.gloorank``, its connections found after
 #: rendezvous: ``lab.kinds.collective.gloo``).
 LIBRARIES = ("synthetic", "gloo")
+#: What the ranks run on the library: one all-reduce of S bytes per step, or a real
+#: ``DistributedDataParallel`` training step (``lab.agents.ddprank``: forward, backward with
+#: DDP's buckets all-reduced as they become ready, optimizer step) on gloo.
+PROGRAMS = ("allreduce", "ddp")
 
 SCHEMA: dict[str, Param] = {
     "job.pattern": Param(str, choices=("ring", "incast")),
     "job.library": Param(str, choices=LIBRARIES),
+    "job.program": Param(str, choices=PROGRAMS),
+    "job.bucket_cap_mb": Param(float, 0.001, 1024),
+    "job.first_bucket_mb": Param(float, 0.001, 1024),
     "job.workers": Param(int, 2, 64),
     "job.size_bytes": Param(int, 1, 1 << 30),
     # a size sweep (nccl-tests' -b..-e): job.steps steps of each size, in order, one job
@@ -77,7 +85,9 @@ SCHEMA: dict[str, Param] = {
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "job": {"pattern": "ring", "library": "synthetic", "workers": 8, "size_bytes": 1 << 20,
+    "job": {"pattern": "ring", "library": "synthetic", "program": "allreduce",
+            # DDP's own defaults: 25 MB buckets, the first one 1 MB
+            "bucket_cap_mb": 25.0, "first_bucket_mb": 1.0, "workers": 8, "size_bytes": 1 << 20,
             "sizes": [], "steps": 20, "warmup": 1,
             "compute_s": 0.05, "jitter_s": 0.0, "buckets": 1, "straggler_rank": -1,
             "straggler_s": 0.0, "epoch_steps": 0, "cc": "cubic", "ecn": False},
@@ -158,6 +168,8 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
     job = pp["job"]
     f = _field_namer(name, over or {})
     n = job["workers"]
+    if job["program"] == "ddp":
+        check_ddp(job, f)
     if job["library"] == "gloo":
         check_gloo(job, f)
     elif job["pattern"] == "ring" and job["size_bytes"] % (n * job["buckets"]):
@@ -239,6 +251,21 @@ def check_gloo(job: dict[str, Any], f: Any) -> None:
     if job["buckets"] != 1:
         raise ScenarioError(f("job.buckets"), "gloo runs one all_reduce per step here; "
                             "buckets must be 1")
+
+
+def check_ddp(job: dict[str, Any], f: Any) -> None:
+    """What a DDP job needs: gloo under it, a gradient size its model can be built to, one
+    step shape (no size sweep)."""
+    if job["library"] != "gloo":
+        raise ScenarioError(f("job.library"), "DDP runs on PyTorch's gloo (job.library: "
+                            f"gloo), not {job['library']!r}")
+    if job["size_bytes"] % SPLIT_BYTES:
+        raise ScenarioError(f("job.size_bytes"), f"{job['size_bytes']} bytes do not split "
+                            f"into the model's {BLOCKS} blocks of float32 matrices {WIDTH} "
+                            f"wide (make it a multiple of {SPLIT_BYTES})")
+    if job["sizes"]:
+        raise ScenarioError(f("job.sizes"), "a size sweep all-reduces bare tensors "
+                            "(job.program: allreduce); a DDP model has one gradient size")
 
 
 def uses_gloo(phases: dict[str, dict[str, Any]]) -> list[str]:

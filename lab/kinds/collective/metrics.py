@@ -231,6 +231,60 @@ def incast_metrics(sink: dict[str, Any], senders: int, burst_bytes: int, gap_s: 
     }
 
 
+def ddp_metrics(outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A DDP job's own numbers (``job.program: ddp``), from its ranks' hook-timed steps.
+
+    Per step: forward, backward's compute and optimizer time (mean over ranks), the
+    all-reduce time (first bucket's start to last bucket's end, the slowest rank's), the
+    communication left exposed after backward (the slowest rank's) and the overlap, the
+    share of the buckets' communication that fell inside backward. Over the measured steps:
+    their p50s, and ``overlap_fraction`` = Σ overlapped / Σ communication over ranks and
+    steps. What DDP was asked and did: ``bucket_cap_mb``, ``buckets`` and their bytes (a
+    measured step's: DDP rebuilds its buckets after the first step), ``first_bucket_mb``,
+    ``grad_bytes``.
+    """
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for out in outputs:
+        for rec in out.get("steps", []):
+            by_step.setdefault(rec["step"], []).append(rec)
+    series = []
+    for k in sorted(by_step):
+        recs = by_step[k]
+        if len(recs) != len(outputs) or any("fwd_s" not in r for r in recs):
+            continue
+        n = len(recs)
+        series.append({
+            "step": k, "warmup": any(r.get("warmup") for r in recs),
+            "fwd_s": round(sum(r["fwd_s"] for r in recs) / n, 6),
+            "bwd_s": round(sum(r["bwd_s"] for r in recs) / n, 6),
+            "opt_s": round(sum(r["opt_s"] for r in recs) / n, 6),
+            "comm_s": round(max(r["comm_s"] for r in recs), 6),
+            "exposed_comm_s": round(max(r["exposed_comm_s"] for r in recs), 6),
+            "overlap": round(sum(r["overlap"] for r in recs) / n, 4),
+            "buckets": max(r["buckets"] for r in recs),
+            "_busy": sum(r["comm_busy_s"] for r in recs),
+            "_hidden": sum(r["overlap"] * r["comm_busy_s"] for r in recs),
+        })
+    measured = [s for s in series if not s["warmup"]]
+    busy = sum(s["_busy"] for s in measured)
+    info = next((o["ddp"] for o in outputs if o.get("ddp")), {})
+
+    def p50(key: str) -> float:
+        return round(percentile([s[key] for s in measured], 50), 4)
+    return {
+        "bucket_cap_mb": info.get("bucket_cap_mb"),
+        "first_bucket_mb": info.get("first_bucket_mb"), "buckets": info.get("buckets"),
+        "bucket_bytes": info.get("bucket_bytes"), "grad_bytes": info.get("grad_bytes"),
+        "params": info.get("params"),
+        "model": {k: info.get(k) for k in ("blocks", "width", "hidden", "batch")},
+        "fwd_p50_s": p50("fwd_s"), "bwd_p50_s": p50("bwd_s"), "opt_p50_s": p50("opt_s"),
+        "comm_p50_s": p50("comm_s"), "exposed_comm_p50_s": p50("exposed_comm_s"),
+        "overlap_fraction": round(sum(s["_hidden"] for s in measured) / busy, 4)
+        if busy else 0.0,
+        "series": [{k: v for k, v in s.items() if not k.startswith("_")} for s in series],
+    }
+
+
 def queue_delay_ms(series: list[int], rate_bps: float) -> dict[str, float]:
     """Queueing delay a packet arriving at each sample would see: backlog / drain rate."""
     d = [b * 8 / rate_bps * 1000 for b in series]
@@ -244,6 +298,11 @@ def phase_line(mt: dict[str, Any]) -> str:
             f"GPU idle {mt['gpu_idle_fraction'] * 100:.0f}%, busbw "
             f"{mt['busbw_bps'] / 1e6:.1f} Mbit/s (ideal comm {mt['ideal_comm_s'] * 1000:.0f} ms,"
             f" measured {mt['comm_p50_s'] * 1000:.0f} ms)")
+    if mt.get("ddp"):
+        d = mt["ddp"]
+        line += (f"; DDP fwd {d['fwd_p50_s'] * 1000:.0f} bwd {d['bwd_p50_s'] * 1000:.0f} "
+                 f"all-reduce {d['comm_p50_s'] * 1000:.0f} ms, {d['buckets']} buckets, "
+                 f"{d['overlap_fraction'] * 100:.0f}% overlapped")
     if mt.get("retransmits") is not None:
         line += f", {mt['retransmits']} retransmits"
     if mt.get("ce_marked"):

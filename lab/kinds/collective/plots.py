@@ -1,4 +1,5 @@
-"""The collective kind's plots: the distribution of step times, phase beside phase.
+"""The collective kind's plots: the distribution of step times, phase beside phase; a
+sweep's busbw against size; a DDP job's step, part by part.
 
 Specifications only (``lab.plotting``); ``lab.report`` draws them before the plots every
 run gets.
@@ -102,6 +103,49 @@ def _sweep_spec(result: dict[str, Any], secs: list[Section]) -> Spec | None:
     return Spec("allreduce-sweep", "allreduce-sweep", "", 4.5, vmax, draw)
 
 
+def _ddp_spec(secs: list[Section]) -> Spec | None:
+    """A DDP phase's step, p50 of each part: forward, backward, and the all-reduce left
+    exposed after backward; the overlap beside it."""
+    phases = [(s.name or "job", dict_of(s.metrics.get("ddp"))) for s in secs]
+    phases = [(n, d) for n, d in phases if d]
+    if not phases:
+        return None
+    parts = [("forward", "fwd_p50_s", "tab:blue"), ("backward", "bwd_p50_s", "tab:green"),
+             ("exposed all-reduce", "exposed_comm_p50_s", "tab:red")]
+    ms = [[1000 * (num(d.get(k)) or 0.0) for _, k, _ in parts] for _, d in phases]
+    vmax = max(sum(row) for row in ms)
+
+    def draw(fig: Any, limit: float) -> str:
+        ax = fig.add_subplot()
+        ys = list(range(len(phases)))[::-1]
+        left = [0.0] * len(phases)
+        for i, (label, _, color) in enumerate(parts):
+            widths = [row[i] for row in ms]
+            ax.barh(ys, widths, left=left, color=color, label=label, height=0.6)
+            left = [a + w for a, w in zip(left, widths, strict=True)]
+        for y, (_, d), end in zip(ys, phases, left, strict=True):
+            b = d.get("buckets")
+            ax.text(end + limit * 0.01, y, f"{b} bucket{'' if b == 1 else 's'}, "
+                    f"{(num(d.get('overlap_fraction')) or 0) * 100:.0f}% overlapped",
+                    va="center", fontsize=8)
+        ax.set_yticks(ys, [n for n, _ in phases])
+        ax.set_xlim(0, limit * 1.45)
+        ax.set_title("DDP step, p50 of each part")
+        ax.set_xlabel("time (ms)")
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3, axis="x")
+        text = "; ".join(f"{n}: all-reduce {1000 * (num(d.get('comm_p50_s')) or 0):.0f} ms, "
+                         f"{1000 * (num(d.get('exposed_comm_p50_s')) or 0):.0f} exposed"
+                         for n, d in phases)
+        return ("Each DDP step: forward, backward's compute, then the part of the gradients' "
+                "all-reduce still running when backward ended (the GPU idle, waiting for "
+                "the network). DDP all-reduces each bucket as soon as backward has produced "
+                "it, so the rest of the all-reduce ran during backward (the overlap). "
+                f"{text}.")
+
+    return Spec("ddp-steps", "ddp-steps", "", 1.2 + 0.6 * len(phases), vmax, draw)
+
+
 def run_plots(result: dict[str, Any], secs: list[Section]) -> list[Spec | Skipped | None]:
     """Plots of the whole run, before the per-phase ones."""
-    return [_step_cdf_spec(result, secs), _sweep_spec(result, secs)]
+    return [_step_cdf_spec(result, secs), _sweep_spec(result, secs), _ddp_spec(secs)]

@@ -148,15 +148,20 @@ class JobPrograms:
 
     def start_gloo(self, pp: dict[str, Any], hosts: list[str], work: Path
                    ) -> tuple[list[subprocess.Popen], list[Path], list[Path]]:
-        """The job's ranks on gloo, rendezvous on rank 0's fabric address; each reports
-        gloo's connections, then holds for :func:`lab.machine.programs.go`. Returns the
-        ranks, their ready files and their connection reports."""
+        """The job's ranks on gloo (all-reduce, or DDP training: ``job.program``),
+        rendezvous on rank 0's fabric address; each reports gloo's connections, then holds
+        for :func:`lab.machine.programs.go`. Returns the ranks, their ready files and their
+        connection reports."""
         job = pp["job"]
         n = len(hosts)
         peers = ",".join(self.ips[h] for h in hosts)
+        ddp = job["program"] == "ddp"
+        prog, extra = (("ddp", ["--bucket-cap-mb", str(job["bucket_cap_mb"]),
+                                "--first-bucket-mb", str(job["first_bucket_mb"])]) if ddp
+                       else ("gloo", sweep_args(job)))
         procs = []
         for r, h in enumerate(hosts):
-            argv = [*agents.command("worker"), "gloo", "--rank", str(r), "--world", str(n),
+            argv = [*agents.command("worker"), prog, "--rank", str(r), "--world", str(n),
                     "--master", f"{self.ips[hosts[0]]}:{GLOO_PORT}", "--peers", peers,
                     "--iface", self.host(h).defaultIntf().name,
                     "--size", str(job["size_bytes"]), "--steps", str(job["steps"]),
@@ -164,13 +169,13 @@ class JobPrograms:
                     "--jitter-s", str(job["jitter_s"]), "--seed", str(self.plan.params["seed"]),
                     "--straggler-rank", str(job["straggler_rank"]),
                     "--straggler-s", str(job["straggler_s"]),
-                    "--epoch-steps", str(job["epoch_steps"]), *sweep_args(job),
+                    "--epoch-steps", str(job["epoch_steps"]), *extra,
                     # torch's import and rendezvous of N ranks on two cores: tens of seconds
                     "--connect-timeout-s", str(programs.READY_TIMEOUT_S),
                     "--conns-out", str(work / f"rank{r}.conns.json"),
                     "--ready-file", str(work / f"rank{r}.ready"),
                     "--out", str(work / f"rank{r}.json")]
-            procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"gloo rank {r}"))
+            procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"{prog} rank {r}"))
         return (procs, [work / f"rank{r}.ready" for r in range(n)],
                 [work / f"rank{r}.conns.json" for r in range(n)])
 

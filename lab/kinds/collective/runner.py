@@ -477,6 +477,7 @@ class JobRun(JobPrograms):
         if ph.k_rule is not None:
             metrics["marking"]["k_rule"] = ph.k_rule
         metrics["library"] = pp["job"]["library"]
+        metrics["program"] = pp["job"]["program"]
         if pp["job"]["library"] == "gloo":
             metrics["gloo"] = self.gloo_summary(ph, outputs, flows)
         metrics["cc"] = pp["job"]["cc"]
@@ -568,6 +569,8 @@ class JobRun(JobPrograms):
                                  self.bottleneck_bps(job_flows), job_flows, checkpoints)
             if job["sizes"]:
                 mt["sweep"] = jm.sweep_rows(outputs, len(hosts), self.bottleneck_bps(job_flows))
+            if job["program"] == "ddp":
+                mt["ddp"] = jm.ddp_metrics(outputs)
         else:
             rx = job_flows[0]["dst"]
             rate = self.bw[(self.leaf_of[rx], rx)]
