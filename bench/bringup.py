@@ -34,6 +34,7 @@ CASES = {
     "leafspine 2x4, 8 hosts": {"type": "leafspine", "spines": 2, "leaves": 4,
                                "hosts_per_leaf": 2},
     "fat-tree k=4, 16 hosts": {"type": "fattree", "k": 4},
+    "fat-tree k=8, 128 hosts": {"type": "fattree", "k": 8},
 }
 
 

@@ -59,6 +59,9 @@ class Row:
     cpu_idle_min_pct: float | None = None
     fidelity_valid: bool | None = None
     fidelity_notes: list[str] = field(default_factory=list)
+    rate_scale: float = 1.0
+    link_mbps: float | None = None
+    lab_cpu_pct: float | None = None
     goodput_mbps: float | None = None
     offered_mbps: float | None = None
     run_wall_s: float | None = None
@@ -78,28 +81,32 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def command(k: int, flows: int, duration: float, out: Path, policy: str) -> list[str]:
+def command(k: int, flows: int, duration: float, out: Path, policy: str,
+            rate_scale: float = 1.0) -> list[str]:
     return [*FABRICLAB, "run", SCENARIO, "--policy", policy, "--set", f"topology.k={k}",
-            "--set", f"traffic.flows={flows}", "--duration", f"{duration:g}", "--out", str(out)]
+            "--set", f"traffic.flows={flows}", "--set", f"rate_scale={rate_scale:g}",
+            "--duration", f"{duration:g}", "--out", str(out)]
 
 
 def run_case(k: int, duration: float, timeout_s: float, fixed_flows: int | None,
-             policy: str) -> Row:
+             policy: str, rate_scale: float = 1.0) -> Row:
     """One size through the real CLI; stdout is kept in bench/out/<tag>.log."""
     switches, hosts = fat_tree_size(k)
     flows = min(fixed_flows or hosts, MAX_FLOWS)
     tag = (f"scale-k{k}" + (f"-f{fixed_flows}" if fixed_flows else "")
-           + ("" if policy == DEFAULT_POLICY else f"-{policy}"))
+           + ("" if policy == DEFAULT_POLICY else f"-{policy}")
+           + ("" if rate_scale == 1.0 else f"-r{rate_scale:g}"))
     out = OUT / tag
     row = Row(k=k, switches=switches, hosts=hosts, flows=flows, out_dir=str(out),
-              loadavg_before=loadavg())
+              loadavg_before=loadavg(), rate_scale=rate_scale)
     (out / "result.json").unlink(missing_ok=True)    # never report an older run's numbers
     log_path = OUT / f"{tag}.log"
     t0 = time.monotonic()
     with log_path.open("w") as log:
         # Own session so the CLI's progress ticker cannot touch our terminal; SIGTERM goes to
         # the CLI alone, whose teardown removes everything the run created.
-        proc = subprocess.Popen(command(k, flows, duration, out, policy), cwd=REPO, text=True,
+        proc = subprocess.Popen(command(k, flows, duration, out, policy, rate_scale),
+                                cwd=REPO, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         lock_wait = float(os.environ.get("FABRICLAB_LOCK_WAIT", "0") or 0)
@@ -164,6 +171,8 @@ def _fill(row: Row, result: dict[str, Any]) -> None:
     row.stop_s = timings.get("stop_s")
     row.pingall_loss_pct = metrics.get("pingall_loss_pct")
     row.cpu_idle_min_pct = fid["cpu_idle_min_pct"]
+    row.lab_cpu_pct = fid.get("lab_cpu_pct")
+    row.link_mbps = result["topology"]["params"].get("fabric_bw")
     row.fidelity_valid = fid["valid"]
     row.fidelity_notes = list(fid["notes"])
     row.goodput_mbps = round(sum(f["goodput_bps"] for f in result["flows"]) / 1e6, 1)
@@ -179,8 +188,9 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def table(rows: list[Row]) -> str:
     """Markdown, as it goes into the README's "Scale beyond one machine" section."""
-    head = ("k", "switches", "hosts", "flows", "bring-up s", "pingall loss %",
-            "CPU idle min %", "fidelity", "goodput / offered Mbit/s", "run wall s")
+    head = ("k", "switches", "hosts", "flows", "link Mbit/s", "bring-up s", "pingall loss %",
+            "CPU idle min %", "lab CPU % of a core", "fidelity", "goodput / offered Mbit/s",
+            "run wall s")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.status != "ok":
@@ -190,8 +200,9 @@ def table(rows: list[Row]) -> str:
         good = ("-" if r.goodput_mbps is None
                 else f"{r.goodput_mbps:.1f} / {r.offered_mbps:.1f}")
         lines.append("| " + " | ".join([
-            str(r.k), str(r.switches), str(r.hosts), str(r.flows), _fmt(r.ready_s, ".1f"),
-            _fmt(r.pingall_loss_pct, ".1f"), _fmt(r.cpu_idle_min_pct, ".0f"), verdict, good,
+            str(r.k), str(r.switches), str(r.hosts), str(r.flows), _fmt(r.link_mbps, "g"),
+            _fmt(r.ready_s, ".1f"), _fmt(r.pingall_loss_pct, ".1f"),
+            _fmt(r.cpu_idle_min_pct, ".0f"), _fmt(r.lab_cpu_pct, ".0f"), verdict, good,
             _fmt(r.run_wall_s, ".1f")]) + " |")
     return "\n".join(lines)
 
@@ -207,21 +218,27 @@ def main() -> int:
                     help="a fixed flow count for every size (default: one per host), to "
                          "tell the fabric's own cost from the traffic's")
     ap.add_argument("--policy", default=DEFAULT_POLICY)
+    ap.add_argument("--rate-scale", type=float, default=1.0,
+                    help="every rate x R (the lab's rate_scale): the link rate a size needs "
+                         "to stay valid on this machine's one datapath core")
     ap.add_argument("--json", help="default bench/out/scale[-flowsF][-POLICY].json")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     rows = []
     for k in sorted(args.k):
-        row = run_case(k, args.duration, args.timeout, args.flows, args.policy)
+        row = run_case(k, args.duration, args.timeout, args.flows, args.policy,
+                       args.rate_scale)
         rows.append(row)
         print(f"k={k}: {row.status} {row.why} ready {row.ready_s} s, idle min "
               f"{row.cpu_idle_min_pct}%, valid {row.fidelity_valid}, wall {row.run_wall_s} s "
               f"(lock wait {row.lock_wait_s} s, load {row.loadavg_before} -> "
               f"{row.loadavg_after})", flush=True)
     default = ("scale" + (f"-flows{args.flows}" if args.flows else "")
-               + ("" if args.policy == DEFAULT_POLICY else f"-{args.policy}") + ".json")
+               + ("" if args.policy == DEFAULT_POLICY else f"-{args.policy}")
+               + ("" if args.rate_scale == 1.0 else f"-r{args.rate_scale:g}") + ".json")
     Path(args.json or OUT / default).write_text(json.dumps({
         "scenario": SCENARIO, "policy": args.policy, "duration_s": args.duration,
+        "rate_scale": args.rate_scale,
         "flows": args.flows or "one per host",
         "rows": [asdict(r) for r in rows]}, indent=1))
     print(table(rows))

@@ -1,0 +1,45 @@
+"""A k=6 fat-tree (45 switches, 54 hosts) with a flow per host, at a small rate: the scale
+smoke of the suite (k=8 and the rates each size stays valid at are in bench/scale.py).
+
+It checks what breaks first at scale: every pair reachable at bring-up (all-pairs ping from
+one raw socket per host), every flow's counted path clean and agreeing with the links'
+byte counters, and the emulator keeping up (fidelity valid, the lab's own CPU recorded).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.support import check_links_agree_with_flows, run_scenario
+
+K, HOSTS, SWITCHES = 6, 54, 45
+#: 10 Mbit/s links: a flow per host keeps one datapath core well inside its budget.
+RATE_SCALE = 0.1
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return run_scenario(tmp_path_factory.mktemp("k6"), "ecmp-polarisation",
+                        "--policy", "hash5", "--set", f"topology.k={K}",
+                        "--set", f"traffic.flows={HOSTS}", "--set", f"rate_scale={RATE_SCALE}",
+                        "--duration", "3")
+
+
+def test_every_pair_reachable_and_every_flow_ran(result: dict) -> None:
+    assert len(result["topology"]["hosts"]) == HOSTS
+    assert len(result["topology"]["switches"]) == SWITCHES
+    assert result["metrics"]["pingall_loss_pct"] == 0
+    assert len(result["flows"]) == HOSTS
+    for f in result["flows"]:
+        assert f["error"] is None and f["bytes"] > 0, f
+        assert f["path_clean"], f
+
+
+def test_paths_agree_with_the_link_counters(result: dict) -> None:
+    assert check_links_agree_with_flows(result) == []
+
+
+def test_fidelity_valid_with_the_labs_own_cpu_recorded(result: dict) -> None:
+    fid = result["fidelity"]
+    assert fid["lab_cpu_pct"] is not None and fid["lab_cpu_pct"] > 0
+    assert fid["valid"], fid
