@@ -129,10 +129,8 @@ class Grader:
     def _run(self, ex: Exercise, policy: str, out_dir: Path) -> dict[str, Any]:
         (plan,) = run.make_plans(ex.scenario, policy=policy, duration=ex.duration,
                                  seed=ex.seed)
-        result = run.execute(plan, out_dir, self.progress)
-        if self.keep:                 # kept runs get their report, like `fabriclab run`'s
-            run.write_report_quietly(out_dir, self.progress)
-        return result
+        # No report here (seconds of plotting per file); `fabriclab report DIR` makes it.
+        return run.execute(plan, out_dir, self.progress)
 
     def _policy(self, ex: Exercise, path: Path, scratch: Path) -> list[Outcome]:
         flows = run.check_input(ex.scenario, policy="hash5", duration=ex.duration,
