@@ -1,10 +1,11 @@
 """The lessons' code exercises, graded as a class would: one `fabriclab grade --batch` over
-every shipped skeleton and solution, a file that crashes and one that loops. The checks are
+every shipped skeleton and solution, a file that crashes, one that loops and one that
+imports the lab's own answer. The checks are
 the exercises' own (lab/grade/exercises), the ones a student's `fabriclab grade` runs; this
 module asserts what they say, on real packets, and what the kept runs show besides.
 
-One batch, shared by every test here: six runs (two per policy exercise, one reference run
-per counter analysis), about 90 s on the 2-core CI machine.
+One batch of 11 files, shared by every test here: six runs (two per policy exercise, one
+reference run per counter analysis), about 75 s on this 2-core machine.
 """
 
 from __future__ import annotations
@@ -31,6 +32,16 @@ CRASH = '''EXERCISE = "congested-uplink"
 
 def congested_uplink(result):
     return result["flows"][0]["path"]
+'''
+
+#: Asks the lab for the answer: refused before anything runs.
+CHEAT = '''from lab.analysis import diagnose
+
+EXERCISE = "congested-uplink"
+
+
+def congested_uplink(result):
+    return diagnose.diagnose(result)["congested_link"]
 '''
 
 #: Starts a child, then never answers: the child must die with it.
@@ -75,6 +86,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> dict:
         shutil.copy(ex.skeleton, folder / f"skeleton_{ex.file}")
         shutil.copy(ex.solution, folder / f"solution_{ex.file}")
     (folder / "crash.py").write_text(CRASH)
+    (folder / "cheat.py").write_text(CHEAT)
     (folder / "loop.py").write_text(LOOP.format(marker=SLEEP_MARKER))
     t0 = time.monotonic()
     r = fabriclab("grade", "--batch", str(folder), "--junit", str(tmp / "grade.xml"),
@@ -120,7 +132,7 @@ def test_the_numbers_are_the_incidents(batch: dict) -> None:
     assert check_links_agree_with_flows(sol) == []
 
 
-def test_a_crash_and_an_endless_loop_fail_cleanly_within_their_bounds(batch: dict) -> None:
+def test_a_crash_a_loop_and_a_forbidden_import_fail_cleanly(batch: dict) -> None:
     crash = batch["blocks"]["crash.py"]
     assert re.search(r"FAIL  answers: congested_uplink\(\): KeyError: 'flows' "
                      r"\(crash.py line 5\)", crash), crash
@@ -130,6 +142,9 @@ def test_a_crash_and_an_endless_loop_fail_cleanly_within_their_bounds(batch: dic
     assert grade.DECIDE_TIMEOUT_S <= took < grade.DECIDE_TIMEOUT_S + 5
     assert sleepers() == []                   # the loop's child died with its session
     assert not (batch["runs"] / "loop").exists()        # no fabric was built for it
+    cheat = batch["blocks"]["cheat.py"].splitlines()
+    assert cheat[1].startswith("  FAIL  imports: imports lab.analysis (line 1)") and \
+        len(cheat) == 2, cheat                # refused: nothing of it ran
     # nothing else of the lab is left: the autouse fixture checks after every test
 
 
@@ -137,9 +152,9 @@ def test_batch_prints_the_table(batch: dict) -> None:
     table = batch["r"].stdout.rsplit("\n\n", 1)[-1].splitlines()
     assert table[0].split() == ["file", "exercise", "checks", "verdict", "time"]
     rows = {ln.split()[0]: ln.split() for ln in table[2:-1]}
-    assert len(rows) == 2 * len(exercise.registry()) + 2
+    assert len(rows) == 2 * len(exercise.registry()) + 3
     assert all(rows[f"solution_{ex.file}"][3] == "pass" for ex in exercise.registry().values())
-    assert rows["crash.py"][3] == rows["loop.py"][3] == "FAIL"
+    assert rows["crash.py"][3] == rows["loop.py"][3] == rows["cheat.py"][3] == "FAIL"
     assert table[-1] == f"{len(exercise.registry())} of {len(rows)} files pass"
 
 
