@@ -71,23 +71,25 @@ def sandbox(mode: str, path: Path, given: dict[str, Any], timeout: float,
     env["PYTHONPATH"] = os.pathsep.join([str(exercise.REPO)] + (
         [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.pop(state.RUN_ENV, None)
-    t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "lab.grade.runner", mode, str(path),
                              str(given_path), str(out_path)],
                             cwd=scratch, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
+    deadline = time.monotonic() + timeout
     try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pass
+        # Wait without reaping (WNOWAIT): while the child is unreaped its id cannot be
+        # reused, so killing its process group below reaches only what it started.
+        while (done := os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)) \
+                is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        timed_out = done is None
     finally:
         # The child's whole session by its id (the child leads it): what the answer forked too.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    took = time.monotonic() - t0
-    if took >= timeout:
+    if timed_out:
         return {"ok": False, "error": f"did not finish within {timeout:g} s (an endless "
                                       f"loop?); stopped", "timed_out": True}
     try:
