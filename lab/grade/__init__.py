@@ -132,7 +132,9 @@ class Grader:
         (plan,) = run.make_plans(ex.scenario, policy=policy, duration=ex.duration,
                                  seed=ex.seed)
         # No report here (seconds of plotting per file); `fabriclab report DIR` makes it.
-        return run.execute(plan, out_dir, self.progress)
+        # What a run prints is progress: stdout is the checks' lines and the table.
+        with contextlib.redirect_stdout(sys.stderr):
+            return run.execute(plan, out_dir, self.progress)
 
     def _policy(self, ex: Exercise, path: Path, scratch: Path) -> list[Outcome]:
         flows = run.check_input(ex.scenario, policy="hash5", duration=ex.duration,

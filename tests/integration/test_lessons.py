@@ -5,7 +5,7 @@ the exercises' own (lab/grade/exercises), the ones a student's `fabriclab grade`
 module asserts what they say, on real packets, and what the kept runs show besides.
 
 One batch of 11 files, shared by every test here: six runs (two per policy exercise, one
-reference run per counter analysis), about 75 s on this 2-core machine.
+reference run per counter analysis), about 80 s on this 2-core machine.
 """
 
 from __future__ import annotations
