@@ -262,6 +262,19 @@ def _cmd_vm(args: argparse.Namespace) -> int:
         raise
 
 
+def _cmd_grade(args: argparse.Namespace) -> int:
+    """Grade one answer (or a folder of them) to a lesson's code exercise on real packets."""
+    from lab import grade
+    from lab.model.errors import ScenarioError
+    if (args.file is None) == (args.batch is None):
+        raise ScenarioError("file", "give one FILE, or --batch DIR")
+    files = grade.batch_files(Path(args.batch)) if args.batch else [Path(args.file)]
+    return grade.execute(files, args.exercise, batch=args.batch is not None,
+                         out=Path(args.out) if args.out else None,
+                         junit_path=Path(args.junit) if args.junit else None,
+                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """``fabriclab``'s commands, each parser built by its own function below."""
     p = argparse.ArgumentParser(prog="fabriclab", description=__doc__.splitlines()[0])
@@ -272,6 +285,16 @@ def build_parser() -> argparse.ArgumentParser:
     _report_parsers(sub)
     _topo_parser(sub)
     _vm_parser(sub)
+    gr = sub.add_parser("grade", help="check an answer to a lesson's code exercise on real "
+                                      "packets: one line per check (exit 0: all pass)")
+    gr.add_argument("file", nargs="?", help="the answer (.py); its EXERCISE line names the "
+                                            "exercise")
+    gr.add_argument("--batch", metavar="DIR", help="grade every .py file in DIR, then a "
+                                                   "summary table")
+    gr.add_argument("--exercise", help="the exercise, for a file without an EXERCISE line")
+    gr.add_argument("--junit", metavar="FILE", help="also write JUnit XML")
+    gr.add_argument("--out", help="keep the runs here (default: removed afterwards)")
+    gr.set_defaults(func=_cmd_grade)
     d = sub.add_parser("doctor", help="what this kernel offers and what the lab will use")
     d.add_argument("--json", action="store_true")
     d.add_argument("--controller", choices=RUNTIMES)

@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from xml.sax.saxutils import quoteattr
 
 from lab import kinds
+from lab.model import junit
 from lab.model.errors import LabError
 from lab.model.stats import percentile
 
@@ -304,19 +304,12 @@ def render_stats(runs: Sequence[ScenarioRun]) -> str:
 
 def write_junit(path: Path, suites: dict[str, list[Row]]) -> None:
     """JUnit XML, one testsuite per policy and one testcase per scenario metric."""
-    out = ['<?xml version="1.0" encoding="UTF-8"?>', "<testsuites>"]
+    cases: dict[str, list[junit.Case]] = {}
     for policy, rows in suites.items():
         bad = regressed(rows)
-        out.append(f"  <testsuite name={quoteattr('regress.' + policy)} tests=\"{len(rows)}\" "
-                   f"failures=\"{len(bad)}\">")
-        for r in rows:
-            name = quoteattr(f"{r.scenario}.{r.metric}")
-            out.append(f"    <testcase classname={quoteattr(policy)} name={name}>")
-            if r in bad:
-                msg = (f"{r.metric} {r.status}: baseline {_fmt(r.base)}, now {_fmt(r.now)}, "
-                       f"limit {_fmt(r.limit)}")
-                out.append(f"      <failure message={quoteattr(msg)}/>")
-            out.append("    </testcase>")
-        out.append("  </testsuite>")
-    out.append("</testsuites>")
-    Path(path).write_text("\n".join(out) + "\n")
+        cases[f"regress.{policy}"] = [
+            junit.Case(policy, f"{r.scenario}.{r.metric}",
+                       f"{r.metric} {r.status}: baseline {_fmt(r.base)}, now {_fmt(r.now)}, "
+                       f"limit {_fmt(r.limit)}" if r in bad else None)
+            for r in rows]
+    junit.write(path, cases)

@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 from controllers.policies import FlowKey, HashPolicy
 
+EXERCISE = "end-the-incident"     # `fabriclab grade` finds the exercise by this line
+
 
 class EndTheIncident(HashPolicy):
     name = "end-the-incident"

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from controllers.policies import FlowKey, HashPolicy
 from controllers.policies.base import pack_5tuple, pick, seeded_crc
 
+EXERCISE = "anti-polarisation"     # `fabriclab grade` finds the exercise by this line
+
 
 class AntiPolarisation(HashPolicy):
     name = "anti-polarisation"

@@ -1,0 +1,1 @@
+"""The exercises, one module each (see ``lab.grade.exercise``)."""

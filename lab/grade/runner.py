@@ -1,0 +1,87 @@
+"""The child process an answer's code runs in, time-bounded by the grader (``sandbox``).
+
+``python -m lab.grade.runner MODE FILE IN.json OUT.json``. MODE ``policy``: load the policy
+file as the controller does (``controllers.policies.load_file``) and ask ``choose()`` about
+the run's own flows at the exercise's switches. MODE ``analysis``: import the file and call
+its function on the given input. Either way OUT.json says ``{"ok": true, "value": ...,
+"seconds": ...}`` or ``{"ok": false, "error": "one line"}``; an answer that loops is the
+parent's to stop (it kills this process's whole session).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def where(exc: BaseException, path: Path) -> str:
+    """``Type: message (file.py line N)``: the answer's own line where it went wrong."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if Path(f.filename).resolve() == path]
+    at = f" ({path.name} line {frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{at}".replace("\n", " ")
+
+
+def decide(path: Path, given: dict[str, Any]) -> dict[str, Any]:
+    from controllers.policies import FlowKey, load_file
+    cls = load_file(str(path))
+    policy = cls(seed=given["seed"])
+    flows = [FlowKey(*f) for f in given["flows"]]
+    n = 0
+    t0 = time.monotonic()
+    if policy.granularity != "switch":
+        for switch, ports in given["probes"]:
+            for flow in flows:
+                key = flow if policy.granularity == "flow" else FlowKey(flow.src, flow.dst,
+                                                                        0, 0, 0)
+                port = policy.choose(key, switch, ports)
+                if port not in ports:
+                    raise ValueError(f"choose() returned {port!r} at {switch}, not one of "
+                                     f"{ports}")
+                policy.placed(key, switch, port, None)
+                n += 1
+    return {"value": n, "seconds": time.monotonic() - t0}
+
+
+def call(path: Path, given: dict[str, Any]) -> dict[str, Any]:
+    spec = importlib.util.spec_from_file_location("answer", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    spec.loader.exec_module(module)
+    fn = getattr(module, given["function"], None)
+    if not callable(fn):
+        raise AttributeError(f"the file defines no function {given['function']}()")
+    arg = Path(given["argument"])
+    t0 = time.monotonic()
+    value = fn(json.loads(arg.read_text()) if given["load_json"] else arg)
+    seconds = time.monotonic() - t0
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{given['function']}() returned a {type(value).__name__}, which "
+                        f"is not plain data (str, number, dict, list, None)") from None
+    return {"value": value, "seconds": seconds}
+
+
+def main(argv: list[str]) -> int:
+    mode, file, given_path, out_path = argv
+    path = Path(file).resolve()
+    given = json.loads(Path(given_path).read_text())
+    try:
+        out = {"ok": True, **(decide if mode == "policy" else call)(path, given)}
+    except BaseException as exc:       # the answer's failure is the verdict
+        msg = str(exc).split(": ", 1)[-1] if type(exc).__name__ == "PolicyFileError" \
+            else where(exc, path)
+        out = {"ok": False, "error": msg}
+    Path(out_path).write_text(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
