@@ -6,9 +6,10 @@ the reference scenarios (``ecmp-basic --policy hash5 --seed 1 --duration 5`` and
 ``incast-ecn``) through the real CLI while a load of its own takes a duty cycle ``d`` of
 every core (one process pinned per core: busy ``d`` x 10 ms, asleep the rest), started
 before the run and killed by PID after it. ``d = 0`` is repeated to measure the run-to-run
-noise; a metric has drifted when it leaves ``median +- BAND_FACTOR x (largest deviation of
-an unloaded run from the median)``. The threshold proposed is the least idle % (as the lab
-itself measured it, ``fidelity.cpu_idle_min_pct``) above which no run drifted.
+noise; a metric has drifted at a load step when every run of that step lies on the same side
+beyond ``median +- BAND_FACTOR x (largest deviation of an unloaded run from the median)``.
+The threshold proposed is the least idle % (as the lab itself measured it,
+``fidelity.cpu_idle_min_pct``) above which no step drifted.
 
 The sweep measures contention, so run it alone: ``flock /tmp/fabriclab-cpu.lock``.
 
@@ -162,19 +163,30 @@ def drift(value: float, median: float) -> float | None:
     return (value - median) / abs(median) if median else None
 
 
-def out_of_band(value: float, median: float, half: float) -> bool:
-    return abs(value - median) > half + 1e-12
+def out_of_band(value: float, median: float, half: float) -> float:
+    """+1 above the band, -1 below it, 0 inside."""
+    if abs(value - median) <= half + 1e-12:
+        return 0
+    return 1 if value > median else -1
+
+
+def step_drifted(sides: list[float]) -> bool:
+    """A load step has drifted when every one of its runs lies beyond the band on the same
+    side: a shift, not one run's noise (with ~15 metrics and a band from 3 runs, single runs
+    outside it are expected by chance)."""
+    return bool(sides) and sides[0] != 0 and all(x == sides[0] for x in sides)
 
 
 def threshold(points: list[tuple[float, bool]]) -> float:
-    """The least-idle % at and above which no run drifted: just above the most idle run
-    that did (0 if none did). ``points``: (measured idle %, drifted)."""
+    """The least-idle % above which no run drifted: the most idle run of a drifted step
+    (0 if none drifted). ``points``: (measured idle %, its step drifted)."""
     drifted = [x for x, d in points if d]
     return max(drifted, default=0.0)
 
 
 def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per metric: its band from the duty-0 runs, and every point's drift."""
+    """Per metric: its band from the duty-0 runs, every point's drift, which load steps
+    drifted; and the threshold over all metrics."""
     series: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         for pt in row["points"]:
@@ -190,12 +202,19 @@ def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if len(base) < 2:
             continue
         med, half = noise_band(base)
+        steps: dict[float, list[dict[str, Any]]] = {}
         for p in pts:
             p["drift"] = drift(p["value"], med)
-            p["out"] = out_of_band(p["value"], med, half)
-            verdicts.append((p["x"], p["out"]))
+            p["side"] = out_of_band(p["value"], med, half)
+            p["out"] = p["side"] != 0
+            steps.setdefault(p["duty"], []).append(p)
+        drifted = sorted(d for d, ps in steps.items()
+                         if d > 0 and step_drifted([p["side"] for p in ps]))
+        for d, ps in steps.items():
+            verdicts += [(p["x"], d in drifted) for p in ps]
         out[name] = {"median": med, "half_width": half,
-                     "band_rel": half / abs(med) if med else None, "points": pts}
+                     "band_rel": half / abs(med) if med else None,
+                     "drifted_steps": drifted, "points": pts}
     return {"metrics": out, "threshold_pct": threshold(verdicts)}
 
 
@@ -256,13 +275,19 @@ def plot(analysis: dict[str, Any], png: Path) -> None:
 def summary(analysis: dict[str, Any]) -> str:
     lines = []
     for name, m in analysis["metrics"].items():
-        outs = sorted((p["x"], p["duty"]) for p in m["points"] if p["out"])
         band = (f"±{m['band_rel'] * 100:.1f} %" if m["band_rel"] is not None
                 else f"±{m['half_width']:.3g}")
-        lines.append(f"{name}: median {m['median']:.4g}, band {band}; out of band at idle "
-                     + (", ".join(f"{x:.0f}% (d={d:g})" for x, d in outs) or "never"))
-    lines.append(f"threshold: least idle >= {analysis['threshold_pct']:.0f} % never drifted"
-                 " (strictly above it)")
+        steps = []
+        for d in m["drifted_steps"]:
+            ps = [p for p in m["points"] if p["duty"] == d]
+            rel = [p["drift"] * 100 for p in ps if p["drift"] is not None]
+            steps.append(f"d={d:g} (idle {min(p['x'] for p in ps):.0f}-"
+                         f"{max(p['x'] for p in ps):.0f} %"
+                         + (f", {min(rel):+.1f}..{max(rel):+.1f} %" if rel else "") + ")")
+        lines.append(f"{name}: median {m['median']:.4g}, band {band}; drifted at "
+                     + (", ".join(steps) or "no step"))
+    lines.append(f"threshold: no metric drifted above {analysis['threshold_pct']:.0f} % least "
+                 "idle")
     return "\n".join(lines)
 
 
