@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -79,13 +80,30 @@ class ControlRequests:
             self._watched.update(by_cookie)
             targets = list(self._switches.values())
             changes = {sw.name: ([plan.watch_entry(o) for o in replaced],
-                                 [plan.watch_entry(w) for w in by_cookie.values()])
+                                 [plan.watch_entry(w) for w in by_cookie.values()]
+                                 + self._decided_ahead(sw.name, by_cookie.values()))
                        for sw in targets}
         failed = self._apply(targets, changes)
         if failed:
             return {"ok": False, "error": "watch: " + "; ".join(failed)}
         LOG.info("watching %d flows on %d switches", len(by_cookie), len(targets))
         return {"ok": True, "installed": len(by_cookie) * len(targets)}
+
+    def _decided_ahead(self, switch: str, watches: Iterable[Watch]) -> list[FlowEntry]:
+        """The per-flow entries a ``decides_ahead`` policy would install on packet-in, for
+        the announced TCP/UDP flows whose destination ``switch`` reaches by several ports."""
+        if self.policy.granularity != "flow" or not self.policy.decides_ahead:
+            return []
+        out = []
+        for w in watches:
+            host = self.host_by_ip.get(w.key.dst)
+            if host is None or w.key.proto not in (plan.PROTO_TCP, plan.PROTO_UDP):
+                continue
+            ports = self.routes[switch].get(host.name, [])
+            if len(ports) > 1:
+                port = self.policy.choose(w.key, switch, ports)
+                out.append(plan.reactive_entry(w.key, port, self.policy.idle_timeout))
+        return out
 
     def _apply(self, targets: list[Any],
                changes: dict[str, tuple[list[FlowEntry], list[FlowEntry]]]) -> list[str]:

@@ -30,10 +30,6 @@ from lab.net.fabric import Fabric
 from lab.net.topobase import refuse_without_netem
 from lab.net.topologies import build_defaults, describe, make_topology
 
-#: A phase whose least idle second had less CPU to spare than this ran CPU-bound: its
-#: numbers describe the emulator, not the network, and are flagged invalid.
-MIN_CPU_IDLE_PCT = 10.0
-
 
 @dataclass
 class CheckedInput:

@@ -18,6 +18,7 @@ class Hash5(HashPolicy):
 
     name = "hash5"
     granularity = "flow"
+    decides_ahead = True
 
     def choose(self, flow: FlowKey, switch: str, ports: Sequence[int]) -> int:
         return pick(ports, seeded_crc(pack_5tuple(flow), self.seed))

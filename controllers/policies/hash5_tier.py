@@ -37,6 +37,7 @@ class Hash5Tier(HashPolicy):
 
     name = "hash5-tier"
     granularity = "flow"
+    decides_ahead = True
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__(seed)
