@@ -91,7 +91,8 @@ class ControlRequests:
 
     def _decided_ahead(self, switch: str, watches: Iterable[Watch]) -> list[FlowEntry]:
         """The per-flow entries a ``decides_ahead`` policy would install on packet-in, for
-        the announced TCP/UDP flows whose destination ``switch`` reaches by several ports."""
+        the announced TCP/UDP flows whose destination ``switch`` reaches by several ports.
+        Called with the lock held (it counts the decisions)."""
         if self.policy.granularity != "flow" or not self.policy.decides_ahead:
             return []
         out = []
@@ -103,6 +104,10 @@ class ControlRequests:
             if len(ports) > 1:
                 port = self.policy.choose(w.key, switch, ports)
                 out.append(plan.reactive_entry(w.key, port, self.policy.idle_timeout))
+                self._decisions += 1              # a decision like a packet-in's, taken early
+                LOG.debug("%s: %s %s:%d -> %s:%d -> port %d of %s (decided ahead)", switch,
+                          w.key.proto, w.key.src, w.key.sport, w.key.dst, w.key.dport, port,
+                          ports)
         return out
 
     def _apply(self, targets: list[Any],
