@@ -466,9 +466,14 @@ def check_tables(fab: Fabric, policy: str) -> None:
                                 f"priority=10,{to_h2} actions=output:2"])
         assert fab.groups("leaf1") == []
     else:
+        # TCP and UDP wait for the policy's decision; everything else (ICMP) takes the
+        # select group, so reachability never queues at the controller.
         assert leaf1 == sorted([f"priority=10,{to_h1} actions=output:1",
-                                f"priority=10,{to_h2} actions=CONTROLLER:65535"])
-        assert fab.groups("leaf1") == []
+                                f"priority=10,{to_h2} actions=group:1",
+                                "priority=15,tcp,nw_dst=10.0.0.2 actions=CONTROLLER:65535",
+                                "priority=15,udp,nw_dst=10.0.0.2 actions=CONTROLLER:65535"])
+        (group,) = fab.groups("leaf1")
+        assert "group_id=1,type=select" in group
     for sw in fab.dpids:
         for line in fab.flows(sw, 1):
             assert "FLOOD" not in line and "NORMAL" not in line and "ALL" not in line
