@@ -43,9 +43,19 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, str
     return time.monotonic() - t0, proc.stdout + proc.stderr
 
 
+def phase_idle(result: dict) -> dict[str, float]:
+    """Each phase's least idle second (a one-phase run: its own), so a row shows which phase
+    set the run's verdict."""
+    details = result.get("phase_details") or {}
+    if not details:
+        return {result.get("phase") or "run": result["fidelity"]["cpu_idle_min_pct"]}
+    return {name: min(p.get("cpu_idle_pct") or [100.0]) for name, p in details.items()}
+
+
 def row(wall: float, result: dict) -> dict:
     fid = result["fidelity"]
     return {"wall_s": round(wall, 1), "cpu_idle_min_pct": fid["cpu_idle_min_pct"],
+            "phase_idle_min_pct": phase_idle(result),
             "lab_cpu_pct": fid.get("lab_cpu_pct"), "valid": fid["valid"],
             "rate_scale": result["params"].get("rate_scale", 1.0),
             "datapath": result["environment"]["datapath"],
@@ -80,6 +90,10 @@ def main() -> int:
                   f"(boot {v.get('boot_to_ready_s', '?')} s), idle min "
                   f"{v['cpu_idle_min_pct']:4.0f} %, lab {v['lab_cpu_pct']} % of a core, "
                   f"{'valid' if v['valid'] else 'INVALID'}", flush=True)
+            for where in ("host", "vm"):
+                print(f"{'':20s} {where} per phase: " + ", ".join(
+                    f"{n} {x:.0f} %" for n, x in out[where]["phase_idle_min_pct"].items()),
+                    flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     return 0
