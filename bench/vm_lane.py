@@ -52,6 +52,14 @@ def phase_idle(result: dict) -> dict[str, float]:
     return {name: min(p.get("cpu_idle_pct") or [100.0]) for name, p in details.items()}
 
 
+def summary(text: str, name: str) -> list[str]:
+    """The run's own summary as it printed it (paths, drops, marks, stalls), so the JSON
+    shows that a profile kept each scenario's effect, not only its timing."""
+    lines = text.splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.startswith(name + " ")]
+    return [ln.rstrip() for ln in lines[starts[-1]:] if ln.strip()] if starts else []
+
+
 def row(wall: float, result: dict) -> dict:
     fid = result["fidelity"]
     return {"wall_s": round(wall, 1), "cpu_idle_min_pct": fid["cpu_idle_min_pct"],
@@ -81,6 +89,7 @@ def main() -> int:
                 folder = Path(tmp) / where / name
                 wall, text = timed([*cmd, name, *opts, "--out", str(folder)])
                 out[where] = row(wall, json.loads((folder / "result.json").read_text()))
+                out[where]["summary"] = summary(text, name)
                 if where == "vm" and (m := READY.search(text)):
                     out[where]["boot_to_ready_s"] = float(m.group(1))
             res["scenarios"][name] = out
