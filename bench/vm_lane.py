@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from lab.measure import telemetry
+
 REPO = Path(__file__).resolve().parent.parent
 FABRICLAB = [sys.executable, "-m", "lab.cli"]
 #: What the VM lane runs in the guest (tests/vm/guest_session.sh), each as a user would.
@@ -83,6 +85,9 @@ def main() -> int:
             print(f"image, cold: {res['image']['cold_s']} s", flush=True)
         res["image"]["cached_s"] = round(timed([*FABRICLAB, "vm", "build"])[0], 1)
         print(f"image, cached: {res['image']['cached_s']} s", flush=True)
+        # The verdicts are the lab's own, against its line: say which line that was.
+        res["min_cpu_idle_pct"] = telemetry.MIN_CPU_IDLE_PCT
+        print(f"fidelity line: {telemetry.MIN_CPU_IDLE_PCT:g} % idle", flush=True)
         for name, opts in SCENARIOS:
             out = {}
             for where, cmd in (("host", [*FABRICLAB, "run"]), ("vm", [*FABRICLAB, "vm", "run"])):
