@@ -333,21 +333,11 @@ class EdgeRun:
         if phase in PROBE_PHASES:
             self.probe(phase, flows)
         marks.append(("probe", time.monotonic()))
-        # CPU is judged over the seconds every stream is sending: from the last sender's first
-        # frame to the first sender's last. Starting a dozen Python senders and players is
-        # the lab's set-up, and the exit of those whose stream ended (summaries, interpreter
-        # teardown) its teardown: in a TCG guest the six that finish first took both vCPUs
-        # for two seconds while four backlogged streams drained at a few Mbit/s.
         sent = [x for s in streams if (x := s.summary.get("sender"))
                 and x.get("t0_monotonic") is not None]
-        t_fid, t_fid_end = t_start, t_end
-        if sent:
-            t_fid = min(max(t_start, *(x["t0_monotonic"] - self.sampler.t0 for x in sent)), t_end)
-            ends = [x["t0_monotonic"] + (x.get("elapsed_s") or 0) - self.sampler.t0
-                    for x in sent]
-            # A stream cut short (a sender that failed) must not shrink the judged seconds.
-            full = [e for e in ends if e - t_fid >= duration / 2]
-            t_fid_end = min(max(t_fid, min(full) if full else max(ends)), t_end)
+        t_fid, t_fid_end = metrics.fidelity_span(
+            [(x["t0_monotonic"] - self.sampler.t0, x.get("elapsed_s") or 0.0) for x in sent],
+            t_start, t_end, duration)
         judged = window.judge(t_fid, t_fid_end)
         return {"timings": {f"{b[0]}_s": round(b[1] - a[1], 3)
                             for a, b in itertools.pairwise(marks)},
