@@ -9,6 +9,7 @@ import pytest
 
 from lab import kinds
 from lab.kinds import streaming
+from lab.kinds.streaming.metrics import fidelity_span
 from lab.measure import routerstats
 from lab.model import scenario
 from lab.model.errors import ScenarioError, TopologyError
@@ -113,3 +114,16 @@ def test_bfd_runs_only_where_a_failover_needs_it():
                            ).topo_desc["params"]["bfd"] is True
     with pytest.raises(ScenarioError, match=r"topology\.bfd"):
         run.check_input("streaming-incident", sets=["phases=failover-link", "topology.bfd=false"])
+
+
+def test_cpu_is_judged_while_every_stream_sends():
+    """From the last sender's first frame to the first sender's last: the exit of programs
+    whose stream ended, while backlogged ones drain, is the lab's teardown."""
+    senders = [(10.0, 7.7), (10.1, 7.6), (10.0, 10.0), (10.05, 9.4)]
+    assert fidelity_span(senders, 9.0, 30.0, 8.0) == (10.1, 17.7)
+    # a sender cut short (failed after a second) does not shrink the judged seconds
+    assert fidelity_span([*senders, (10.0, 1.0)], 9.0, 30.0, 8.0) == (10.1, 17.7)
+    # nothing ran long enough: up to the longest; never outside the counters' window
+    assert fidelity_span([(10.0, 1.0), (10.0, 2.0)], 9.0, 30.0, 8.0) == (10.0, 12.0)
+    assert fidelity_span(senders, 9.0, 15.0, 8.0) == (10.1, 15.0)
+    assert fidelity_span([], 9.0, 30.0, 8.0) == (9.0, 30.0)

@@ -104,10 +104,10 @@ def test_ecmp_basic_on_the_kernel_datapath(session, policy):
 
 
 def check_rate_profile(r: dict) -> None:
-    """A guest run carries its machine's rate profile (TCG: every rate and size x 1/4, or
-    the scenario's own tcg_rate_scale) in its parameters. Whether it was fidelity-valid at
-    it is a timing target, measured by bench/vm_lane.py (README, "Full kernel"), not
-    asserted here."""
+    """A guest run carries its machine's rate profile (TCG: every rate and size x
+    environment.TCG_RATE_SCALE, or the scenario's own tcg_rate_scale) in its parameters.
+    Whether it was fidelity-valid at it is a timing target, measured by bench/vm_lane.py
+    (README, "Full kernel"), not asserted here."""
     tcg = r["environment"]["vm"]["accelerator"] == "tcg"
     profile = r["params"].get("tcg_rate_scale", environment.TCG_RATE_SCALE)
     assert r["params"]["rate_scale"] == (profile if tcg else 1.0)

@@ -333,15 +333,11 @@ class EdgeRun:
         if phase in PROBE_PHASES:
             self.probe(phase, flows)
         marks.append(("probe", time.monotonic()))
-        # CPU is judged over the streaming itself, from the last sender's first frame to the
-        # end of the longest stream: starting a dozen Python senders is the lab's set-up.
         sent = [x for s in streams if (x := s.summary.get("sender"))
                 and x.get("t0_monotonic") is not None]
-        t_fid, t_fid_end = t_start, t_end
-        if sent:
-            t_fid = min(max(t_start, *(x["t0_monotonic"] - self.sampler.t0 for x in sent)), t_end)
-            t_fid_end = min(max(t_fid, *(x["t0_monotonic"] + (x.get("elapsed_s") or 0)
-                                         - self.sampler.t0 for x in sent)), t_end)
+        t_fid, t_fid_end = metrics.fidelity_span(
+            [(x["t0_monotonic"] - self.sampler.t0, x.get("elapsed_s") or 0.0) for x in sent],
+            t_start, t_end, duration)
         judged = window.judge(t_fid, t_fid_end)
         return {"timings": {f"{b[0]}_s": round(b[1] - a[1], 3)
                             for a, b in itertools.pairwise(marks)},

@@ -124,6 +124,26 @@ def router_path(intfs: dict[str, list[str]], port_at: dict[tuple[str, str], Rout
 
 
 # -- phases and the result --------------------------------------------------------------------
+def fidelity_span(senders: list[tuple[float, float]], t_start: float, t_end: float,
+                  duration: float) -> tuple[float, float]:
+    """The seconds a phase's CPU is judged over, on the sampler's clock: while every stream
+    sends, from the last sender's first frame to the first sender's last.
+
+    ``senders``: (first frame, seconds sending) of each sender. Starting a dozen Python
+    senders and players is the lab's set-up, and the exit of those whose stream ended
+    (summaries, interpreter teardown) its teardown: in a TCG guest the six that finished
+    first took both vCPUs for two seconds while four backlogged streams drained at a few
+    Mbit/s. A stream cut short to under half the phase (a sender that failed) does not
+    shorten the judged seconds; without senders the whole counter window is judged.
+    """
+    if not senders:
+        return t_start, t_end
+    t_fid = min(max(t_start, *(t0 for t0, _ in senders)), t_end)
+    ends = [t0 + elapsed for t0, elapsed in senders]
+    full = [e for e in ends if e - t_fid >= duration / 2]
+    return t_fid, min(max(t_fid, min(full) if full else max(ends)), t_end)
+
+
 def wan_fidelity(asked_ms: float, got: dict[str, float | None]
                  ) -> tuple[dict[str, Any], str | None]:
     """``fidelity`` entries for the uplinks' WAN delay, and a note when it is not what was
