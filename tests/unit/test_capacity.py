@@ -13,9 +13,10 @@ from lab import run
 from lab.model import capacity
 from lab.model.result import validate
 
-#: The least room the model keeps between a measured run and its verdict's edge (load 1):
-#: valid runs at most 0.9 of the budget, invalid ones at least 1.2.
-VALID_BELOW, INVALID_ABOVE = 0.9, 1.2
+#: The least room the model keeps between a measured run and its verdict's edge (load 1),
+#: as a ratio: valid runs at most 1/1.18 of the budget, invalid ones at least 1.18 times it.
+MARGIN = 1.18
+VALID_BELOW, INVALID_ABOVE = 1 / MARGIN, MARGIN
 
 
 def expectation(scenario, sets=(), policy="hash5", datapath="user", cores=2):
