@@ -103,12 +103,12 @@ MEASURED_CORES = 2
 #: Flow·hops (times ``POLICY_COST``) one core of this machine holds at the line (468 on the
 #: 2 measured cores). The runs that bind it: k=8 with 64 flows (valid, 0.84) and 128
 #: (invalid, 1.52 with hash5).
-FLOW_HOPS_PER_CORE = 234.0
+FLOW_HOPS_PER_CORE = 468.0 / MEASURED_CORES
 #: 1500-byte packet·hops per second one core holds at the line (98,000 on 2 cores). Bound
 #: from below by ``ecmp-polarisation`` as shipped under ``ovs-select`` (50,000/s, valid,
 #: 0.84) and ``ecmp-basic`` (67,500/s, valid), from above by k=8's 64 flows at 50 Mbit/s
 #: links (50,000/s on 320 flow·hops, invalid, 1.19).
-PKT_HOPS_PER_CORE = 49_000.0
+PKT_HOPS_PER_CORE = 98_000.0 / MEASURED_CORES
 #: Cost of a flow·hop per policy granularity (``HashPolicy.granularity``), hash5's = 1.
 #: ``switch`` (a select group, hashed in the datapath: every packet recirculated after the
 #: hash) is bound from below by the k=6 54-flow run (invalid, 1.21) and from above by
