@@ -14,8 +14,8 @@ from lab.model import capacity
 from lab.model.result import validate
 
 #: The least room the model keeps between a measured run and its verdict's edge (load 1),
-#: as a ratio: valid runs at most 1/1.18 of the budget, invalid ones at least 1.18 times it.
-MARGIN = 1.18
+#: as a ratio: valid runs at most 1/1.09 of the budget, invalid ones at least 1.09 times it.
+MARGIN = 1.09
 VALID_BELOW, INVALID_ABOVE = 1 / MARGIN, MARGIN
 
 
