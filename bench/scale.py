@@ -10,6 +10,9 @@ packet-ins - not the bandwidth asked of the one ``ovs-vswitchd``.
 A size that cannot come up (timeout, memory, refused by the topology module) becomes a row
 that says why, not a failed benchmark: "k=8 does not fit" is itself the answer sought.
 
+Its verdicts are the budgets of ``fabriclab run``'s expected fidelity: the runs are listed,
+with their numbers, in ``lab/model/capacity.py`` (``MEASURED``); a new measurement goes there.
+
 Usage: FABRICLAB_LOCK_WAIT=2400 python bench/scale.py [--k 4 6 8] [--duration 4]
        [--timeout 900] [--flows F] [--policy hash5] [--json bench/out/scale.json]
 """

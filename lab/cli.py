@@ -45,6 +45,12 @@ def _print_summary(out_dir: Path, result: dict) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from lab import run
+    if args.dry_run:
+        for plan in run.make_plans(args.scenario, policy=args.policy, sets=args.set,
+                                   duration=args.duration, seed=args.seed,
+                                   runtime=args.controller):
+            print(run.expectation_line(plan))
+        return 0
     results = run.run(args.scenario, out=Path(args.out) if args.out else None,
                       policy=args.policy, sets=args.set, duration=args.duration,
                       seed=args.seed, runtime=args.controller, live=args.live,
@@ -318,6 +324,9 @@ def _run_parser(sub: Subparsers) -> None:
     r.add_argument("--live", action="store_true",
                    help="serve a live view of the links on 127.0.0.1 while it runs "
                         "(the URL is printed at the start)")
+    r.add_argument("--dry-run", action="store_true",
+                   help="check everything and print the expected fidelity on this machine "
+                        "(bench/scale.py's measurements); start nothing")
     r.set_defaults(func=_cmd_run)
 
 

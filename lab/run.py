@@ -9,6 +9,7 @@ through the same teardown; ``kill -9`` leaves a record that ``fabriclab clean`` 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import time
@@ -18,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controllers import policies as policy_registry
 from lab import kinds
 from lab.kinds.base import Plan, Progress
 from lab.machine import environment, state
 from lab.measure import live as measure_live
-from lab.model import scenario
+from lab.model import capacity, scenario
 from lab.model.errors import MachineError
+from lab.model.flows import FlowSpec
 from lab.model.policies import policy_names
 from lab.model.result import validate
 from lab.net.fabric import Fabric
@@ -93,8 +96,40 @@ def make_plans(name: str, policy: str | None = None, sets: list[str] | None = No
     refuse_without_netem(given.topo_desc, env.netem)
     chosen = environment.pick_runtime(env.runtimes, runtime)
     return [Plan(given.scenario, given.kind, given.params, p, given.topo_desc, given.flows,
-                 env, chosen)
+                 env, chosen, expected_fidelity(given, p, env.datapath))
             for p in given.policies]
+
+
+def expected_fidelity(given: CheckedInput, policy: str, datapath: str,
+                      cores: int | None = None) -> capacity.Expectation:
+    """Whether this machine's datapath is expected to keep the run's fidelity valid
+    (``lab.model.capacity``): for every kind, from the flows its plan returned.
+
+    A kind's planned traffic is a list of ``FlowSpec`` or of items that give one
+    (``spec()``, the streaming kind's streams), each with its ``phase`` where the kind has
+    phases; the phases run one after another, so each is weighed alone.
+    """
+    phases: dict[str, list[FlowSpec]] = {}
+    for item in given.flows or []:
+        spec = item.spec() if hasattr(item, "spec") else item
+        if isinstance(spec, FlowSpec):
+            phases.setdefault(str(getattr(item, "phase", "")), []).append(spec)
+    return capacity.expect(given.topo_desc, phases or {"": []},
+                           policy_registry.resolve(policy).granularity, datapath,
+                           cores or os.cpu_count() or 1, float(given.params["rate_scale"]))
+
+
+def expectation_line(plan: Plan) -> str:
+    """The plan's expected fidelity on one line: the warning when invalid."""
+    exp = plan.expected
+    if exp is None:
+        return f"[{plan.policy_label}] expected fidelity: not estimated"
+    if exp.verdict == "invalid":
+        return f"[{plan.policy_label}] {exp.warning()}"
+    if exp.verdict == "valid":
+        return (f"[{plan.policy_label}] expected fidelity: valid - {exp.load * 100:.0f} % "
+                f"of what this machine's datapath held at the fidelity line ({exp.source})")
+    return f"[{plan.policy_label}] expected fidelity: not estimated - {exp.why}"
 
 
 def default_out_dir(scenario_name: str) -> Path:
@@ -129,6 +164,8 @@ def execute(plan: Plan, out_dir: Path, progress: Progress = print) -> dict[str, 
                         plan.runtime, plan.policy, int(plan.params["seed"])) as fabric:
         try:
             result = kind.run(plan, fabric, progress, prepared)
+            if plan.expected is not None:
+                result["fidelity"]["expected"] = plan.expected.as_dict()
         finally:
             keep_logs(fabric.run_dir, out_dir)
             if hasattr(kind, "keep_logs"):
@@ -197,6 +234,9 @@ def run(name: str, out: Path | None = None, progress: Progress = print, live: bo
     the first plan's bring-up until the last report is written.
     """
     plans = make_plans(name, **kwargs)
+    for plan in plans:           # before anything starts: a warning, not a refusal
+        if plan.expected is not None and plan.expected.verdict == "invalid":
+            progress(expectation_line(plan))
     base = out or default_out_dir(plans[0].scenario.name)
     done = []
     with live_view(plans, progress, live) as progress:

@@ -37,6 +37,7 @@ from controllers import policies
 from lab.machine import environment
 from lab.measure import live
 from lab.model import scenario
+from lab.model.capacity import Expectation
 from lab.model.flows import FlowSpec
 from lab.net.topologies import FabricTopo, make_topology
 
@@ -58,6 +59,9 @@ class Plan:
     flows: list[FlowSpec]
     env: environment.Environment
     runtime: str
+    #: What the plan is expected to do to this machine's fidelity (``lab.model.capacity``),
+    #: estimated before anything starts and recorded as ``fidelity.expected``.
+    expected: Expectation | None = None
 
     def topology(self) -> FabricTopo:
         return make_topology(self.params["topology"])

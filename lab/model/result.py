@@ -20,6 +20,10 @@ TOP_KEYS = ("schema", "scenario", "policy", "seed", "duration_s", "environment",
 ENV_KEYS = ("datapath", "ecn", "delay", "controller", "kernel")
 LINK_KEYS = ("node", "port", "peer", "bw_mbps", "tx_bytes", "tx_packets", "drops", "util_mean",
              "util_max", "series", "ce_marked")
+#: ``fidelity.expected`` (optional: runs before it existed lack it): the estimate made before
+#: the run started (``lab.model.capacity.Expectation``).
+EXPECTED_KEYS = ("verdict", "load", "flow_hops", "pkt_hops_per_s", "fields", "advice", "source")
+EXPECTED_VERDICTS = ("valid", "invalid", "not estimated")
 FLOW_KEYS = ("id", "kind", "src", "dst", "proto", "sport", "dport", "path", "bytes",
              "goodput_bps", "loss", "retransmits")
 
@@ -89,6 +93,12 @@ def validate(result: dict[str, Any]) -> list[str]:
         problems += _missing(flow, FLOW_KEYS, f"flows[{i}]")
     problems += _missing(result.get("fidelity", {}), ("cpu_idle_min_pct", "valid", "notes"),
                          "fidelity")
+    expected = result.get("fidelity", {}).get("expected")
+    if expected is not None:
+        problems += _missing(expected, EXPECTED_KEYS, "fidelity.expected")
+        if expected.get("verdict") not in EXPECTED_VERDICTS:
+            problems.append(f"fidelity.expected.verdict is {expected.get('verdict')!r}, "
+                            f"expected one of {', '.join(EXPECTED_VERDICTS)}")
     if not isinstance(result.get("metrics"), dict):
         problems.append("metrics missing or not a mapping")
     return problems

@@ -34,3 +34,17 @@ def test_topo_cli_runs_mininet_commands_on_the_lab_network():
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "*** Results: 0% dropped (56/56 received)" in r.stdout + r.stderr
+
+
+def test_run_warns_before_starting_a_plan_over_the_datapath_budget():
+    """k=8 with 128 flows was measured invalid here (bench/scale.py): ``run --dry-run`` says
+    so on one line naming the fields, exits 0 (a warning, not a refusal), starts nothing."""
+    r = fabriclab("run", "ecmp-polarisation", "--set", "topology.k=8", "--set", "flows=128",
+                  "--set", "rate_scale=0.15", "--dry-run", timeout=60)
+    lines = r.stdout.splitlines()
+    assert len(lines) == 1, r.stdout        # no "bringing up": nothing was started
+    assert lines[0].startswith("[hash5] warning: flows, topology.k: expected fidelity: "
+                               "invalid"), lines[0]
+    assert "bench/scale.py" in lines[0] and "flows or a smaller fabric" in lines[0]
+    ok = fabriclab("run", "ecmp-basic", "--policy", "hash5", "--dry-run", timeout=60).stdout
+    assert ok.startswith("[hash5] expected fidelity: valid"), ok

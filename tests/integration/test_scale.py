@@ -47,3 +47,4 @@ def test_fidelity_valid_with_the_labs_own_cpu_recorded(result: dict) -> None:
     fid = result["fidelity"]
     assert fid["lab_cpu_pct"] is not None and fid["lab_cpu_pct"] > 0
     assert fid["valid"], fid
+    assert fid["expected"]["verdict"] == "valid", fid   # and the model said so beforehand

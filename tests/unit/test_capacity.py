@@ -1,0 +1,117 @@
+"""The expected-fidelity model (lab.model.capacity) against the runs it was calibrated on.
+
+Each measured run is planned again through the lab's own input checks (``run.check_input``:
+the scenario, its ``--set`` values, rate_scale, the kind's flows), exactly as ``fabriclab
+run`` plans it; the model must then call every valid run valid and every invalid one
+invalid, with room to spare on both sides.
+"""
+
+import pytest
+
+from controllers import policies
+from lab import run
+from lab.model import capacity
+from lab.model.result import validate
+
+#: The least room the model keeps between a measured run and its verdict's edge (load 1),
+#: as a ratio: valid runs at most 1/1.09 of the budget, invalid ones at least 1.09 times it.
+MARGIN = 1.09
+VALID_BELOW, INVALID_ABOVE = 1 / MARGIN, MARGIN
+
+
+def expectation(scenario, sets=(), policy="hash5", datapath="user", cores=2):
+    given = run.check_input(scenario, policy, list(sets))
+    return run.expected_fidelity(given, policy, datapath, cores)
+
+
+@pytest.mark.parametrize("measured", capacity.MEASURED,
+                         ids=lambda m: f"{m.scenario}-{'-'.join(m.sets)}-{m.policy}")
+def test_every_measured_run_gets_its_measured_verdict_with_margin(measured):
+    exp = expectation(measured.scenario, measured.sets, measured.policy)
+    assert exp.verdict == ("valid" if measured.valid else "invalid"), exp
+    if measured.valid:
+        assert exp.load <= VALID_BELOW, exp
+    else:
+        assert exp.load >= INVALID_ABOVE, exp
+
+
+def test_the_table_covers_both_verdicts_and_both_policy_kinds():
+    kinds = {(policies.resolve(m.policy).granularity, m.valid) for m in capacity.MEASURED}
+    assert kinds == {("flow", True), ("flow", False), ("switch", True), ("switch", False)}
+
+
+@pytest.mark.parametrize("scenario", ["ecmp-basic", "ecmp-faults", "ecmp-one-pair",
+                                      "ecmp-polarisation", "streaming-incident"])
+def test_the_reference_scenarios_are_not_warned_about(scenario):
+    """Every scenario as shipped runs valid on this machine under every policy."""
+    for policy in policies.available():
+        assert expectation(scenario, policy=policy).verdict == "valid", (scenario, policy)
+
+
+def test_the_flow_count_not_the_rate_is_what_k8_runs_out_of():
+    """k=8, 128 flows was invalid at 15 Mbit/s links with the same bytes as 64 valid flows:
+    lowering rate_scale does not rescue it, fewer flows does."""
+    exp = expectation("ecmp-polarisation", ("topology.k=8", "flows=128", "rate_scale=0.15"))
+    assert exp.verdict == "invalid"
+    assert "flows" in exp.fields and "rate_scale" not in exp.fields
+    most = int(exp.advice.split("≤ ")[1].split()[0])
+    assert 64 <= most < 128
+    fewer = expectation("ecmp-polarisation", ("topology.k=8", f"flows={most}",
+                                              "rate_scale=0.15"))
+    assert fewer.verdict == "valid"
+
+
+def test_a_link_rate_too_high_is_warned_with_the_rate_that_fits():
+    """At full rates (100 Mbit/s links) k=8 with 64 flows is over the packet budget; the
+    warning names rate_scale and a value under which the model expects it valid."""
+    exp = expectation("ecmp-polarisation", ("topology.k=8", "flows=64"))
+    assert exp.verdict == "invalid" and exp.fields[0] == "rate_scale"
+    r = float(exp.advice.split("rate_scale to ≤ ")[1].split(";")[0])
+    assert 0.01 <= r < 1
+    line = exp.warning()
+    assert line.startswith("warning: rate_scale") and "expected fidelity: invalid" in line
+    assert capacity.SOURCE in line and "\n" not in line
+    assert expectation("ecmp-polarisation", ("topology.k=8", "flows=64",
+                                             f"rate_scale={r}")).verdict == "valid"
+
+
+def test_more_cores_hold_more_and_the_kernel_datapath_is_not_estimated():
+    sets = ("topology.k=8", "flows=128", "rate_scale=0.15")
+    assert expectation("ecmp-polarisation", sets, cores=4).verdict == "valid"
+    kernel = expectation("ecmp-polarisation", sets, datapath="kernel")
+    assert kernel.verdict == "not estimated" and kernel.warning() is None
+
+
+def test_a_kind_that_plans_at_run_time_is_not_estimated():
+    exp = expectation("allreduce-ecmp")
+    assert exp.verdict == "not estimated" and "run time" in exp.why
+
+
+def test_a_phased_plan_is_judged_by_its_heaviest_phase():
+    exp = expectation("streaming-incident")
+    assert exp.verdict == "valid" and exp.phase
+
+
+def test_hops_are_switches_on_the_shortest_path():
+    topo = run.check_input("ecmp-polarisation", "hash5", ["topology.k=4"]).topo_desc
+    hops = capacity.switch_hops(topo)
+    assert hops[("h1", "h2")] == 1          # same edge switch
+    assert hops[("h1", "h3")] == 3          # same pod
+    assert hops[("h1", "h16")] == 5         # across the core
+
+
+def test_result_schema_holds_fidelity_expected():
+    base = {"schema": 1, "scenario": "s", "policy": "p", "seed": 1, "duration_s": 1.0,
+            "environment": dict.fromkeys(("datapath", "ecn", "delay", "controller",
+                                          "kernel"), ""),
+            "topology": {"switches": [], "hosts": [], "links": []}, "links": [],
+            "flows": [], "metrics": {},
+            "fidelity": {"cpu_idle_min_pct": 50.0, "valid": True, "notes": []}}
+    assert validate(base) == []
+    exp = expectation("ecmp-polarisation", ("topology.k=8", "flows=128", "rate_scale=0.15"))
+    base["fidelity"]["expected"] = exp.as_dict()
+    assert validate(base) == []
+    base["fidelity"]["expected"] = {**exp.as_dict(), "verdict": "fine"}
+    assert any("fidelity.expected.verdict" in p for p in validate(base))
+    del base["fidelity"]["expected"]["load"]
+    assert any("fidelity.expected.load missing" in p for p in validate(base))
