@@ -37,8 +37,9 @@ as a ratio, between every measured run's load and 1 (a grid search over the thre
 margin is ×1.09: valid runs at most 0.91 of the budget, invalid ones at least 1.09). The
 margin is thin because the model is additive: k=8's 64 flows went from valid to invalid
 between 15 and 30 Mbit/s links while ``ecmp-basic`` (4 switches) moves more packet·hops
-validly, so a packet costs more in a larger fabric (the userspace datapath polls every
-port of every bridge). A term for that is the next step; it needs more measured sizes.
+validly, so a packet costs more in a larger fabric: at k=8 ``ovs-vswitchd`` held about one
+core even while no packet crossed the links (sampled from ``/proc``; the cause is not yet
+isolated). A term for that is the next step; it needs more measured sizes.
 ``tests/unit/test_capacity.py`` re-plans every measured run and holds the model to it.
 """
 
