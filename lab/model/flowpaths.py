@@ -72,7 +72,7 @@ def link_bytes(hop_bytes: dict[str, int], first: str,
     along its ``path`` list: there a switch's count is split between its next hops (and a
     switch's between its previous hops) in proportion to what those counted, which is
     exact for the split a leaf-spine fabric can show (one leaf, both spines, the other leaf).
-    Measured on OVS's kernel datapath under ``ovs-select``: one 54-byte packet of a flow's
+    Captured on OVS's kernel datapath under ``ovs-select``: one socketless RST (54 B) of a flow's
     ACK direction on the other spine; walking the list [leaf2, spine1, spine2, leaf1] put the
     whole flow's ACK bytes on spine2's link to leaf1, which they never crossed.
     """

@@ -119,8 +119,8 @@ def _fidelity(plan: Plan, result: dict[str, Any], judged: dict[str, Any],
     if unclean:
         notes.append(f"flows whose counters do not form one path: {', '.join(unclean)}")
     # On OVS's kernel datapath a select group hashes the skb's hash: a flow's packet the
-    # kernel sends without its socket's hash (measured: one 54-byte packet of an ACK
-    # direction) can take the other spine. Recorded; the links' bytes are split by counts.
+    # kernel sends without its socket's hash (captured: the RST answering a segment after
+    # the receiver closed, 54 B) can take the other spine. Recorded; links split by counts.
     split_acks = [f["id"] for f in result["flows"] if not f.get("reverse_path_clean", True)]
     if split_acks:
         notes.append(f"flows whose reverse (ACK) counters show two paths: "
