@@ -9,12 +9,12 @@ monitor service per flow, not devices.
 
 from __future__ import annotations
 
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from lab.model import result as result_file
 from lab.model.errors import ScenarioError
+from lab.model.flowpaths import adjacency, link_bytes
 
 
 def load_result(path: str | Path) -> dict[str, Any]:
@@ -26,11 +26,18 @@ def load_result(path: str | Path) -> dict[str, Any]:
         raise ScenarioError("result", str(exc)) from None
 
 
-def flow_losses(flow: dict[str, Any]) -> dict[str, int]:
+def flow_losses(flow: dict[str, Any], adj: dict[str, dict[str, int]]) -> dict[str, int]:
     """{"a->b": bytes this flow lost on that link} along its (data-direction) path."""
-    hops = flow.get("hop_bytes", {})
-    return {f"{a}->{b}": max(0, hops.get(a, 0) - hops.get(b, 0))
-            for a, b in pairwise(flow.get("path", []))}
+    return {f"{a}->{b}": max(0, entered - arrived)
+            for (a, b), (entered, arrived) in _flow_links(flow, "", adj).items()}
+
+
+def _flow_links(flow: dict[str, Any], direction: str,
+                adj: dict[str, dict[str, int]]) -> dict[tuple[str, str], tuple[int, int]]:
+    """The flow's (entered, arrived) per link in one direction (``""`` or ``"reverse_"``),
+    from its counters (``flowpaths.link_bytes``: right for a flow seen on two paths too)."""
+    path = flow.get(f"{direction}path", [])
+    return link_bytes(flow.get(f"{direction}hop_bytes", {}), path[0], adj) if path else {}
 
 
 def link_balance(result: dict[str, Any]) -> dict[str, dict[str, int]]:
@@ -42,15 +49,15 @@ def link_balance(result: dict[str, Any]) -> dict[str, dict[str, int]]:
     inside the emulator's datapath, which the lab must not pass off as network behaviour.
     """
     sent = {(ln["node"], ln["peer"]): ln["tx_bytes"] for ln in result["links"]}
+    adj = adjacency(result["topology"])
     out: dict[str, dict[str, int]] = {}
     for f in result["flows"]:
-        for path, hops in ((f.get("path", []), f.get("hop_bytes", {})),
-                           (f.get("reverse_path", []), f.get("reverse_hop_bytes", {}))):
-            for a, b in pairwise(path):
+        for direction in ("", "reverse_"):
+            for (a, b), (entered, arrived) in _flow_links(f, direction, adj).items():
                 e = out.setdefault(f"{a}->{b}", {"entered": 0, "sent": sent.get((a, b), 0),
                                                  "arrived": 0})
-                e["entered"] += hops.get(a, 0)
-                e["arrived"] += hops.get(b, 0)
+                e["entered"] += entered
+                e["arrived"] += arrived
     for e in out.values():
         e["lost_at_port"] = max(0, e["entered"] - e["sent"])
         e["lost_in_datapath"] = max(0, e["sent"] - e["arrived"])
@@ -127,11 +134,12 @@ def diagnose(result: dict[str, Any]) -> dict[str, Any]:
         raise ScenarioError("result", f"schema {result.get('schema')!r} is not 1")
     drops = _per_link(result, "drops")
     util = _per_link(result, "util_mean")
+    adj = adjacency(result["topology"])
     balance = {**link_balance(result), **router_link_balance(result)}
     per_link: dict[str, dict[str, Any]] = {}
     flows = []
     for f in result["flows"]:
-        losses = flow_losses(f)
+        losses = flow_losses(f, adj)
         losses.update({h["link"]: h["lost"] for h in f.get("router_hops", [])})
         for link, lost in losses.items():
             entry = per_link.setdefault(link, {"lost_bytes": 0, "flows": []})

@@ -60,3 +60,43 @@ def path_from_counters(hop_bytes: dict[str, int], first: str,
     if not clean:
         path += sorted(counted - set(path))
     return path, clean
+
+
+def link_bytes(hop_bytes: dict[str, int], first: str,
+               adj: dict[str, dict[str, int]]) -> dict[tuple[str, str], tuple[int, int]]:
+    """{(a, b): (entered, arrived)} for each link a flow's counted switches share.
+
+    ``entered`` is what switch ``a`` counted of the flow that went on towards ``b``,
+    ``arrived`` what ``b`` counted that came from ``a``. On one simple path they are just
+    the two switches' counts. A flow whose counters show two paths needs this, not a walk
+    along its ``path`` list: there a switch's count is split between its next hops (and a
+    switch's between its previous hops) in proportion to what those counted, which is
+    exact for the split a leaf-spine fabric can show (one leaf, both spines, the other leaf).
+    Captured on OVS's kernel datapath under ``ovs-select``: one socketless RST (54 B) of a flow's
+    ACK direction on the other spine; walking the list [leaf2, spine1, spine2, leaf1] put the
+    whole flow's ACK bytes on spine2's link to leaf1, which they never crossed.
+    """
+    counted = {sw for sw, b in hop_bytes.items() if b > 0}
+    if first not in counted:
+        return {}
+    # Layers by hop count from the first switch, over the switches that counted the flow:
+    # a flow's packets only move away from where they entered.
+    depth = {first: 0}
+    frontier = [first]
+    while frontier:
+        nxt = []
+        for sw in frontier:
+            for n in sorted(adj.get(sw, {})):
+                if n in counted and n not in depth:
+                    depth[n] = depth[sw] + 1
+                    nxt.append(n)
+        frontier = nxt
+    edges = [(a, b) for a in depth for b in adj.get(a, {})
+             if b in depth and depth[b] == depth[a] + 1]
+    out_sum: dict[str, int] = {}
+    in_sum: dict[str, int] = {}
+    for a, b in edges:
+        out_sum[a] = out_sum.get(a, 0) + hop_bytes[b]
+        in_sum[b] = in_sum.get(b, 0) + hop_bytes[a]
+    return {(a, b): (round(hop_bytes[a] * hop_bytes[b] / out_sum[a]),
+                     round(hop_bytes[b] * hop_bytes[a] / in_sum[b])) for a, b in edges}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import math
 import os
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lab.machine import state
+from lab.model import flowpaths
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "lab.cli"]
@@ -94,14 +94,17 @@ REL_TOL, ABS_TOL = 0.03, 64_000
 
 
 def check_links_agree_with_flows(r: dict) -> list[str]:
-    """Every fabric link's tx bytes = the bytes its flows' packets brought to the far switch."""
+    """Every fabric link's tx bytes = the bytes its flows' packets brought to the far switch
+    (``flowpaths.link_bytes``: a flow seen on two paths is split between them)."""
     switches = {s["name"] for s in r["topology"]["switches"]}
+    adj = flowpaths.adjacency(r["topology"])
     carried: dict[tuple[str, str], int] = {}
     for f in r["flows"]:
         for path, hops in ((f["path"], f["hop_bytes"]),
                            (f["reverse_path"], f["reverse_hop_bytes"])):
-            for a, b in itertools.pairwise(path):
-                carried[(a, b)] = carried.get((a, b), 0) + hops[b]
+            links = flowpaths.link_bytes(hops, path[0], adj) if path else {}
+            for link, (_, arrived) in links.items():
+                carried[link] = carried.get(link, 0) + arrived
     problems = []
     for ln in r["links"]:
         if ln["peer"] not in switches:

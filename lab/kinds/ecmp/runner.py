@@ -118,6 +118,13 @@ def _fidelity(plan: Plan, result: dict[str, Any], judged: dict[str, Any],
     unclean = [f["id"] for f in result["flows"] if not f["path_clean"]]
     if unclean:
         notes.append(f"flows whose counters do not form one path: {', '.join(unclean)}")
+    # On OVS's kernel datapath a select group hashes the skb's hash: a flow's packet the
+    # kernel sends without its socket's hash (captured: the RST answering a segment after
+    # the receiver closed, 54 B) can take the other spine. Recorded; links split by counts.
+    split_acks = [f["id"] for f in result["flows"] if not f.get("reverse_path_clean", True)]
+    if split_acks:
+        notes.append(f"flows whose reverse (ACK) counters show two paths: "
+                     f"{', '.join(split_acks)}")
     # With links failing, bytes sent into a dead link are lost by design and a flow's
     # counters can show two paths: the path-based loss check has nothing sound to say.
     unexplained = {} if planned_faults else diagnose.unexplained_loss(result)
