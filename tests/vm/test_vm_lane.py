@@ -260,11 +260,12 @@ def test_kill_9_of_the_vm_then_clean(vm_image, tmp_path):
 
 
 def test_a_guest_that_does_not_boot_shows_its_console(vm_image):
-    # 25 s under TCG: the kernel has printed, the guest's job has not begun.
-    env = {**os.environ, "FABRICLAB_VM_BOOT_TIMEOUT": "25"}
+    # 12 s under TCG: the kernel and the initramfs have printed, the guest's job has not
+    # begun (it is ready after 23-57 s here; 25 s was once met, in 23.3 s).
+    env = {**os.environ, "FABRICLAB_VM_BOOT_TIMEOUT": "12"}
     r = subprocess.run([*CLI, "vm", "exec", "--", "true"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=120)
     print(r.stdout, r.stderr, file=sys.stderr)
     assert r.returncode == 2
-    assert "did not boot within 25 s" in r.stderr
+    assert "did not boot within 12 s" in r.stderr
     assert "console:" in r.stderr                      # the last console lines
