@@ -14,8 +14,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from lab.analysis import diagnose
 from lab.machine import state
-from lab.model import flowpaths
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "lab.cli"]
@@ -95,21 +95,15 @@ REL_TOL, ABS_TOL = 0.03, 64_000
 
 def check_links_agree_with_flows(r: dict) -> list[str]:
     """Every fabric link's tx bytes = the bytes its flows' packets brought to the far switch
-    (``flowpaths.link_bytes``: a flow seen on two paths is split between them)."""
+    (``diagnose.link_balance``'s "arrived", both directions of every flow; a flow seen on
+    two paths is split between them by the switches' counts)."""
     switches = {s["name"] for s in r["topology"]["switches"]}
-    adj = flowpaths.adjacency(r["topology"])
-    carried: dict[tuple[str, str], int] = {}
-    for f in r["flows"]:
-        for path, hops in ((f["path"], f["hop_bytes"]),
-                           (f["reverse_path"], f["reverse_hop_bytes"])):
-            links = flowpaths.link_bytes(hops, path[0], adj) if path else {}
-            for link, (_, arrived) in links.items():
-                carried[link] = carried.get(link, 0) + arrived
+    balance = diagnose.link_balance(r)
     problems = []
     for ln in r["links"]:
         if ln["peer"] not in switches:
             continue
-        flows_bytes = carried.get((ln["node"], ln["peer"]), 0)
+        flows_bytes = balance.get(f"{ln['node']}->{ln['peer']}", {}).get("arrived", 0)
         if abs(ln["tx_bytes"] - flows_bytes) > max(ABS_TOL, REL_TOL * ln["tx_bytes"]):
             problems.append(f"{ln['node']}->{ln['peer']}: link {ln['tx_bytes']} B, "
                             f"flows {flows_bytes} B")
