@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 
@@ -60,16 +61,19 @@ class Ticker:
 
     Only on a terminal (a thread redraws it twice a second); elsewhere it does nothing, so
     logs keep one line per phase. Expected length, not a deadline: it stops at 100 %.
+    ``clock`` is what the elapsed time is read from (``time.monotonic``).
     """
 
     def __init__(self, seconds: float, label: str, stream: TextIO | None = None,
-                 width: int = 30, interval: float = 0.5) -> None:
+                 width: int = 30, interval: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         import threading
         self.seconds = max(seconds, 1e-3)
         self.label = label
         self.stream = stream or sys.stderr
         self.width = width
         self.interval = interval
+        self.clock = clock
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self.active = self.stream.isatty()
@@ -81,9 +85,9 @@ class Ticker:
                 f"{min(elapsed, self.seconds):.0f}/{self.seconds:.0f} s")
 
     def _run(self) -> None:
-        t0 = time.monotonic()
+        t0 = self.clock()
         while not self._stop.wait(self.interval):
-            self.stream.write("\r\033[K" + self.line(time.monotonic() - t0))
+            self.stream.write("\r\033[K" + self.line(self.clock() - t0))
             self.stream.flush()
 
     def __enter__(self) -> Ticker:

@@ -142,14 +142,28 @@ def test_ticker_is_silent_off_a_terminal_and_draws_on_one() -> None:
         pass
     assert out.getvalue() == ""
 
+    import threading
+
     class Tty(io.StringIO):
+        full = threading.Event()
+
         def isatty(self) -> bool:
             return True
+
+        def write(self, s: str) -> int:
+            if "##########]" in s:
+                self.full.set()
+            return super().write(s)
     tty = Tty()
-    import time
-    with Ticker(0.2, "[x] traffic", stream=tty, width=10, interval=0.02):
-        time.sleep(0.25)
-    drawn = tty.getvalue()
-    assert "[x] traffic [" in drawn and "##########]" in drawn      # reached 100 %
-    assert drawn.endswith("\r\033[K")                             # and cleared its line
+    # The bar's clock is the test's: 0 s at the start, then 0.125 s (half of the bar's 0.25 s),
+    # then 0.5 s (past its end), so the frames are 50 % then 100 % however late the thread runs.
+    readings = iter([0.0, 0.125])
+    with Ticker(0.25, "[x] traffic", stream=tty, width=10, interval=0.001,
+                clock=lambda: next(readings, 0.5)):
+        assert tty.full.wait(60)          # a hang guard only: frames come every millisecond
+    frames = tty.getvalue().split("\r\033[K")
+    assert frames[:3] == ["", "[x] traffic [#####.....] 0/0 s",
+                          "[x] traffic [##########] 0/0 s"]     # 50 %, then 100 %
+    assert set(frames[3:-1]) <= {frames[2]}                      # and no further
+    assert frames[-1] == ""                                      # then cleared its line
     assert Ticker(10, "t", stream=out, width=10).line(5.0) == "t [#####.....] 5/10 s"
