@@ -15,7 +15,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -33,11 +33,16 @@ def port_id(node: str, port: int) -> str:
 
 
 class Feed:
-    """The latest counters of every sampled port, the phase and the last progress line."""
+    """The latest counters of every sampled port, the phase and the last progress line.
 
-    def __init__(self) -> None:
+    ``clock`` is where the run's and the phase's clocks and a sample's age are read from; it
+    is the clock the samples are stamped with (``time.monotonic``).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._lock = threading.Lock()
-        self.t0 = time.monotonic()
+        self.clock = clock
+        self.t0 = clock()
         #: Tells one run's feed from the next: a page left open reloads on a new one.
         self.run_id = secrets.token_hex(4)
         self._phase = "starting"
@@ -46,7 +51,7 @@ class Feed:
         self._samples: dict[PortKey, deque[tuple[float, int]]] = {}
 
     def publish(self, now: float, tx_bytes: Mapping[PortKey, int]) -> None:
-        """Bytes sent so far by some ports, read at ``now`` (``time.monotonic``)."""
+        """Bytes sent so far by some ports, read at ``now`` (on the feed's ``clock``)."""
         with self._lock:
             for key, sent in tx_bytes.items():
                 q = self._samples.get(key)
@@ -59,7 +64,7 @@ class Feed:
 
     def set_phase(self, phase: str) -> None:
         with self._lock:
-            self._phase, self._phase_t = phase, time.monotonic()
+            self._phase, self._phase_t = phase, self.clock()
 
     def note(self, message: str) -> None:
         """The run's last progress line, as it printed it."""
@@ -70,7 +75,7 @@ class Feed:
         """What the page polls: run and phase clocks, phase, status, and each port's
         sending rate in bit/s over the last ``RATE_WINDOW_S`` (ports with no fresh samples
         are left out: their sampler is not running)."""
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             bps = {}
             for (node, port), q in self._samples.items():

@@ -11,6 +11,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 
 import pytest
 
@@ -34,36 +35,53 @@ def get(url: str, host: str | None = None) -> tuple[int, bytes]:
 
 
 def test_feed_rates_are_over_the_last_half_second() -> None:
-    feed = live.Feed()
-    now = time.monotonic()
-    # 1 MB every 0.1 s on leaf1:3 for 1 s: 80 Mbit/s; the older samples are dropped.
+    # The feed's clock is the test's, so ages and rates are exact however slowly this runs.
+    clock = [1000.0]
+    feed = live.Feed(clock=lambda: clock[0])
+    # leaf1:3 idle for 0.75 s, then 1 MB every 0.125 s for 0.5 s: 64 Mbit/s over the last
+    # half second (25.6 over all of it, had the older samples been kept).
     for i in range(11):
-        feed.publish(now - 1.0 + i * 0.1, {("leaf1", 3): i * 1_000_000, ("leaf1", 4): 5})
+        feed.publish(998.75 + i * 0.125, {("leaf1", 3): max(0, i - 6) * 1_000_000,
+                                          ("leaf1", 4): 5})
     st = feed.state()
-    assert st["bps"]["leaf1:3"] == pytest.approx(80e6, rel=0.01)
-    assert st["bps"]["leaf1:4"] == 0
+    assert st["bps"] == {"leaf1:3": 64_000_000, "leaf1:4": 0}
     feed.set_phase("traffic")
     feed.note("[hash5] 8 flows for 5 s ...\n  fault at 1 s")
+    clock[0] = 1000.25
     st = feed.state()
     assert (st["phase"], st["status"]) == ("traffic", "[hash5] 8 flows for 5 s ...")
-    assert 0 <= st["phase_t"] < 1 and re.fullmatch(r"\d\d:\d\d:\d\d", st["wall"])
+    assert (st["t"], st["phase_t"]) == (0.25, 0.25) and re.fullmatch(r"\d\d:\d\d:\d\d", st["wall"])
     # A sampler that stopped: its ports have no rate any more, not their last one.
-    old = live.Feed()
-    old.publish(now - 5, {("leaf1", 3): 0})
-    old.publish(now - 4.9, {("leaf1", 3): 1000})
-    assert old.state()["bps"] == {}
+    clock[0] = 1000.0 + live.STALE_S - 0.125
+    assert "leaf1:3" in feed.state()["bps"]
+    clock[0] = 1000.0 + live.STALE_S + 0.125
+    assert feed.state()["bps"] == {}
 
 
 def test_a_sampler_publishes_only_while_a_feed_is_set() -> None:
     lo = telemetry.Port("lab", 1, "peer", "lo", 1000.0)
-    feed = live.Feed()
+
+    class Recording(live.Feed):
+        def __init__(self) -> None:
+            super().__init__()
+            self.times: list[float] = []
+
+        def publish(self, now: float, tx_bytes: Mapping[live.PortKey, int]) -> None:
+            self.times.append(now)
+            super().publish(now, tx_bytes)
+    feed = Recording()
     s = telemetry.Sampler([lo], hz=20)
     with live.publishing(feed):
         assert live.current() is feed
         s.start()
-        time.sleep(0.4)
+        deadline = time.monotonic() + 60          # a hang guard, not a bound (20 samples/s)
+        while len(feed.times) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         s.stop()
     assert live.current() is None
+    assert len(feed.times) >= 2
+    # Read as of the last sample: however late the test gets here, the samples are fresh.
+    feed.clock = lambda: feed.times[-1]
     assert "lab:1" in feed.state()["bps"]
     live.set_phase("nobody listens")          # without a feed: nothing, no error
 
@@ -92,8 +110,12 @@ def test_served_on_loopback_only_and_gone_after(monkeypatch: pytest.MonkeyPatch)
                             port=0) as feed:
         url = re.search(r"http://127\.0\.0\.1:\d+/", said[0]).group(0)
         port = int(url.rsplit(":", 1)[1].strip("/"))
-        feed.publish(time.monotonic() - 0.5, {("leaf1", 3): 0})
-        feed.publish(time.monotonic(), {("leaf1", 3): 1_000_000})
+        # The feed's clock stops here: however long the requests below take, the samples
+        # are not stale when the page asks.
+        now = time.monotonic()
+        feed.clock = lambda: now
+        feed.publish(now - 0.5, {("leaf1", 3): 0})
+        feed.publish(now, {("leaf1", 3): 1_000_000})
         status, page = get(url)
         assert status == 200
         text = page.decode()
@@ -103,7 +125,7 @@ def test_served_on_loopback_only_and_gone_after(monkeypatch: pytest.MonkeyPatch)
         assert re.findall(r"fetch\(([^,)]*)", text) == ['"/state"']
         assert "ecmp-one-pair: hash5" in text and '"leaf1:3"' in text
         status, body = get(url + "state")
-        assert status == 200 and json.loads(body)["bps"]["leaf1:3"] > 0
+        assert status == 200 and json.loads(body)["bps"]["leaf1:3"] == 16_000_000
         assert get(url + "state", host="rebound.example:80")[0] == 403
         assert get(url + "nothing")[0] == 404
         assert live.current() is feed
