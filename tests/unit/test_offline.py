@@ -74,6 +74,9 @@ def test_hash5_collides_like_balls_into_bins(nports: int) -> None:
     assert r.imbalance_mean == pytest.approx(r.max_load_mean * nports / 8)
     assert abs(r.imbalance_mean - r.imbalance_expected) / r.imbalance_expected < 0.03
     assert r.max_load_p95 == r.max_load_p95_expected
+    # A port's count of 16000 flows is binomial: sd 0.8 % (2 ports) and 1.4 % (4) of its
+    # expectation, so 5 % is 6 and 3.6 sd; a uniform hash has chi2_p < 0.001 once in 1000
+    # draws. The flows and seed are fixed: these are one draw, the same every run.
     assert r.share_max_dev < 0.05 and r.chi2_p > 0.001
     assert not r.worse_than_random and not r.model_only
 
@@ -174,7 +177,8 @@ def test_hash5_polarises_the_fat_tree(fat_tree: dict[str, Any],
     r = offline.polarisation_eval(policies.get("hash5"), pod_flows, fat_tree, seed=1)
     assert r.first_tier == ["edge"] and r.second_tier == ["agg"]
     assert r.first_buckets == r.second_buckets == 2
-    # 12 of a host's 15 peers are in other pods: ~4/5 of the flows cross the core.
+    # 12 of a host's 15 peers are in other pods: ~4/5 of the flows cross the core; the share
+    # of 6000 flows has sd 0.005, so +-0.03 is 6 sd (a fixed draw: the same every run).
     assert 0.77 < r.flows_evaluated / r.flows < 0.83
     assert r.nmi > 0.99 and r.cramers_v > 0.99 and r.determined == 1.0
     assert r.second_used_mean == 0.5
@@ -219,6 +223,9 @@ def test_hash5_tier_agrees_within_a_tier_and_repartitions_across_tiers() -> None
         assert policy.choose(f, "edge1", [3, 4]) == policy.choose(f, "edge7", [3, 4])
     moved = sum(policy.choose(f, "edge1", [3, 4]) != policy.choose(f, "agg1", [3, 4])
                 for f in flows)
+    # Independent choices (here and from hash5's below) differ for each flow with probability
+    # 1/2: of 4000 flows the share has sd 0.008, so +-0.05 is 6 sd (a fixed draw: the same
+    # every run).
     assert 0.45 < moved / len(flows) < 0.55
     hash5 = policies.get("hash5")(seed=5)
     differs = sum(policy.choose(f, "edge1", [3, 4]) != hash5.choose(f, "edge1", [3, 4])
