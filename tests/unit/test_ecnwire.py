@@ -213,6 +213,11 @@ FAKE_TCPDUMP = textwrap.dedent("""
 """)
 
 
+#: How long a stand-in may take to say it listens (or fails): a hang guard, not a bound. It
+#: needs an interpreter's start and 0.3 s; START_TIMEOUT_S (10 s) is sized for real tcpdumps.
+HANG_S = 60.0
+
+
 def fake_popen(script: str, calls: list[list[str]]) -> ecnwire.Popen:
     def popen(argv: list[str], **kw: Any) -> subprocess.Popen:
         calls.append(argv)
@@ -223,7 +228,7 @@ def fake_popen(script: str, calls: list[list[str]]) -> ecnwire.Popen:
 def test_start_waits_for_listening_and_stop_reads_counters(tmp_path: Path) -> None:
     calls: list[list[str]] = []
     cap = ecnwire.start_capture(fake_popen(FAKE_TCPDUMP, calls), "eth9", tmp_path / "x.pcap",
-                                snaplen=96)
+                                snaplen=96, timeout_s=HANG_S)
     assert b"listening on eth9" in cap.stderr
     assert cap.proc.poll() is None and cap.pid == cap.proc.pid
     argv = calls[0]
@@ -237,7 +242,8 @@ def test_start_reports_a_failing_tcpdump(tmp_path: Path) -> None:
     script = "import sys; sys.stderr.write('tcpdump: nope0: No such device exists\\n'); " \
              "sys.exit(1)"
     with pytest.raises(ecnwire.CaptureError, match="No such device"):
-        ecnwire.start_capture(fake_popen(script, []), "nope0", tmp_path / "x.pcap")
+        ecnwire.start_capture(fake_popen(script, []), "nope0", tmp_path / "x.pcap",
+                              timeout_s=HANG_S)
 
 
 def test_start_gives_up_and_kills(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ def topo(name: str) -> dict:
 def get(url: str, host: str | None = None) -> tuple[int, bytes]:
     req = urllib.request.Request(url, headers={"Host": host} if host else {})
     try:
-        with urllib.request.urlopen(req, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=60) as r:     # a hang guard, not a bound
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, b""
