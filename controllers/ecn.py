@@ -38,6 +38,7 @@ from typing import Any
 
 from controllers.marking import (
     QUEUE_HANDLE,
+    WIRE_OVERHEAD_BYTES,
     Marking,
     PortQueue,
 )
@@ -157,7 +158,7 @@ _KEY0 = ["key", "hex", "00", "00", "00", "00"]
 def compile_flags() -> list[str]:
     """clang flags for the BPF object. ``-target bpf`` does not search the multiarch
     include dir, where Debian keeps <asm/types.h> (included by <linux/bpf.h>)."""
-    flags = ["-O2", "-g", "-target", "bpf"]
+    flags = ["-O2", "-g", "-target", "bpf", f"-DWIRE_OVERHEAD_BYTES={WIRE_OVERHEAD_BYTES}"]
     multiarch = sysconfig.get_config_var("MULTIARCH")
     if multiarch and Path(f"/usr/include/{multiarch}").is_dir():
         flags.append(f"-I/usr/include/{multiarch}")

@@ -78,16 +78,48 @@ def tc_major(handle: str) -> int:
     return int(handle.rstrip(":"), 16) << 16
 
 
-#: The least htb burst of a port: one TSO super-packet. With userspace TSO the datapath
-#: hands 64 KiB segments to the veth; a smaller burst makes htb under-run the rate.
-MIN_HTB_BURST_BYTES = 70_000
+#: What a frame costs on an Ethernet wire beyond the bytes the kernel counts: preamble and
+#: start-of-frame delimiter (8), inter-frame gap (12) and FCS (4). Every lab port charges it
+#: per packet (tc's ``overhead``), so a link's configured rate is a wire rate.
+WIRE_OVERHEAD_BYTES = 24
+#: The shortest frame on the wire: 64 bytes with its FCS, plus preamble and gap (tc's ``mpu``).
+WIRE_MIN_FRAME_BYTES = 84
+#: A full-size frame (1500-byte MTU, 14-byte Ethernet header) as the wire carries it.
+WIRE_FRAME_BYTES = 1514 + WIRE_OVERHEAD_BYTES
+#: TCP's payload in a full-size frame: 1500 - 20 (IP) - 32 (TCP with timestamps, Linux's
+#: default).
+TCP_MSS_BYTES = 1448
+#: The htb burst of every lab port: two wire frames. A token bucket holding one frame is a
+#: wire (each frame waits for its own time), but every late timer would then lose link time
+#: (measured with tbf at 50 Mbit/s: 42.5 of 47.1 Mbit/s); a second frame absorbs the lateness,
+#: so a port runs ahead of its wire by at most one frame after idle.
+HTB_BURST_BYTES = 2 * WIRE_FRAME_BYTES
+#: htb's DRR quantum: explicit, or tc warns that rate/r2q is too big.
+HTB_QUANTUM_BYTES = 100_000
 
 
 def htb_burst_bytes(rate_bps: float) -> int:
     """The htb burst of every lab port (``lab/net/links.py`` shapes with it; marking at a
-    threshold is judged against it): 2 ms at the rate, at least one TSO super-packet.
-    Defined here, once: the controller cannot import the lab, the lab imports this."""
-    return max(MIN_HTB_BURST_BYTES, int(rate_bps / 8 * 0.002))
+    threshold is judged against it): ``HTB_BURST_BYTES`` whatever the rate. Defined here,
+    once: the controller cannot import the lab, the lab imports this."""
+    del rate_bps  # the burst is a number of frames, not a time at the rate
+    return HTB_BURST_BYTES
+
+
+def htb_class_args(rate_mbit: float, ceil_mbit: float | None = None) -> str:
+    """An htb class's shaping as tc takes it: rate (and ceil), the lab's burst, and the
+    per-frame wire overhead. Every htb class the lab makes is written by this."""
+    ceil = rate_mbit if ceil_mbit is None else ceil_mbit
+    return (f"htb rate {rate_mbit}mbit ceil {ceil}mbit burst {HTB_BURST_BYTES} "
+            f"cburst {HTB_BURST_BYTES} quantum {HTB_QUANTUM_BYTES} "
+            f"overhead {WIRE_OVERHEAD_BYTES} mpu {WIRE_MIN_FRAME_BYTES}")
+
+
+def tcp_wire_ceiling_bps(rate_bps: float) -> float:
+    """The most TCP payload a wire of ``rate_bps`` carries: full-size frames back to back,
+    each ``TCP_MSS_BYTES`` of payload in ``WIRE_FRAME_BYTES`` on the wire (50 Mbit/s ->
+    47.07 Mbit/s). The reverse direction's ACKs travel on the other direction's wire."""
+    return rate_bps * TCP_MSS_BYTES / WIRE_FRAME_BYTES
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@
  *          by elapsed_ns * R / 8e9 bytes (never below 0), then takes the packet;
  *   queue  = max(0, work - B), B the htb burst. htb is a token bucket: while work < B it
  *          still has tokens and sends at once, so the bfifo behind it holds only what
- *          exceeds the bucket. (Without this, after htb had spent its 70 kB burst the
- *          model sat 70 kB above a nearly empty real queue and marked every packet.)
+ *          exceeds the bucket. (Without this, after htb had spent its burst the model sat
+ *          that far above a nearly empty real queue and marked too early.)
  *
  * The decision uses the queue a packet finds on arrival, *before* it is added, as RED and
  * DCTCP switches do. Then the packet is added unless the bfifo would drop it
@@ -41,6 +41,9 @@
  * exactly t * R units, with no rounding to carry between packets. The controller keeps
  * burst + limit below 2^31 bytes, so work never overflows 64 bits. */
 #define UNITS_PER_BYTE 8000000000ULL
+#ifndef WIRE_OVERHEAD_BYTES
+#error "build with -DWIRE_OVERHEAD_BYTES (controllers/ecn.py compile_flags)"
+#endif
 
 #define ECN_MASK 0x3
 #define ECN_NOT_ECT 0x0
@@ -123,7 +126,9 @@ int ecn_mark(struct __sk_buff *skb)
 	 * bfifo against its limit; skb->len would make the virtual queue drain ~4% faster
 	 * than the real one under TSO, and then sit empty below a full real queue. */
 	__u64 len = skb->wire_len ? skb->wire_len : skb->len;
-	__u64 len_units = len * UNITS_PER_BYTE;
+	/* htb also charges tc's per-packet wire overhead (preamble, gap, FCS) against the
+	 * rate: the queue drains that much slower per packet (controllers/marking.py). */
+	__u64 len_units = (len + WIRE_OVERHEAD_BYTES) * UNITS_PER_BYTE;
 	__u64 burst_units = cfg.burst_bytes * UNITS_PER_BYTE;
 	int mark = 0;
 

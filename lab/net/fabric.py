@@ -23,7 +23,7 @@ from lab.machine.environment import Environment
 from lab.model.errors import MachineError
 from lab.model.flows import EPHEMERAL_SYSCTL, HOST_EPHEMERAL_PORTS
 from lab.net.controller import Controller
-from lab.net.links import ShapedIntf, ShapedLink, ShapingBatch
+from lab.net.links import HOST_TCP_SYSCTLS, ShapedIntf, ShapedLink, ShapingBatch
 from lab.net.reach import ping_all
 from lab.net.topologies import FabricTopo, describe
 
@@ -136,7 +136,8 @@ class Fabric:
             # hashes the headers). Kernels before 5.19 lack the switch (-e: no error).
             ports = host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
                              "net.ipv6.conf.default.disable_ipv6=1 net.ipv4.tcp_ecn=0 "
-                             f"{EPHEMERAL_SYSCTL}; sysctl -qew net.core.txrehash=0; "
+                             f"{EPHEMERAL_SYSCTL} {HOST_TCP_SYSCTLS}; "
+                             "sysctl -qew net.core.txrehash=0; "
                              "sysctl -n net.ipv4.ip_local_port_range")
             if ports.split() != [str(p) for p in HOST_EPHEMERAL_PORTS]:
                 raise MachineError("topology", f"{host.name}: could not move its ephemeral "

@@ -48,7 +48,7 @@ from lab.model.errors import MachineError, TopologyError
 from lab.model.flows import EPHEMERAL_SYSCTL
 from lab.net.bgp import BgpNetwork, Router, Subnet
 from lab.net.bgp import Host as PlanHost
-from lab.net.links import ShapedLink
+from lab.net.links import HOST_TCP_SYSCTLS, ShapedLink
 
 FRR_BIN = Path("/usr/lib/frr")
 VTYSH = "vtysh"
@@ -108,7 +108,8 @@ class PlannedHost(Host):
         result = super().config(**params)
         node = self.plan_node()
         self.sh("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 "
-                f"net.ipv6.conf.default.disable_ipv6=1 {EPHEMERAL_SYSCTL}", f"{node.name}.sysctl")
+                f"net.ipv6.conf.default.disable_ipv6=1 {EPHEMERAL_SYSCTL} {HOST_TCP_SYSCTLS}",
+                f"{node.name}.sysctl")
         for intf in node.interfaces:
             for addr in intf.addresses:
                 self.sh(f"ip addr replace {addr} dev {intf.name}",

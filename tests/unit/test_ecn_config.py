@@ -10,7 +10,15 @@ import struct
 import pytest
 
 from controllers import ecn
-from controllers.marking import Marking, PortQueue, htb_burst_bytes, parse_marking
+from controllers.marking import (
+    HTB_BURST_BYTES,
+    Marking,
+    PortQueue,
+    htb_burst_bytes,
+    htb_class_args,
+    parse_marking,
+    tcp_wire_ceiling_bps,
+)
 
 PORT = PortQueue("leaf1-eth5", 50_000_000, 150_000)
 
@@ -201,7 +209,7 @@ def test_config_values() -> None:
     rate, burst, limit, kmin, kmax, pmax, on = struct.unpack(
         "<7Q", ecn.config_value(PORT, Marking.step(30_000)))
     assert (rate, burst, limit, kmin, kmax, pmax, on) == (
-        50_000_000, 70_000, 150_000, 30_000, 30_000, 2**32, 1)
+        50_000_000, HTB_BURST_BYTES, 150_000, 30_000, 30_000, 2**32, 1)
     *_, pmax, on = struct.unpack("<7Q", ecn.config_value(PORT, Marking(1, 2, 0.25)))
     assert (pmax, on) == (2**30, 1)
     *_, on = struct.unpack("<7Q", ecn.config_value(PORT, None))
@@ -223,3 +231,13 @@ def test_object_is_built_once_per_source(tmp_path) -> None:
     mtime = obj.stat().st_mtime_ns
     assert ecn.build_object(tmp_path) == obj and obj.stat().st_mtime_ns == mtime
     assert [p.name for p in tmp_path.iterdir()] == [obj.name]  # no temp file left
+
+
+def test_a_lab_port_is_a_wire() -> None:
+    """Every htb class charges each packet the wire's preamble, gap and FCS, and bursts two
+    frames at most: TCP's ceiling is its payload share of full frames on the wire."""
+    args = htb_class_args(50.0).split()
+    assert args[args.index("overhead") + 1] == "24" and args[args.index("mpu") + 1] == "84"
+    assert args[args.index("burst") + 1] == str(2 * 1538) == args[args.index("cburst") + 1]
+    assert htb_class_args(47.5, 50.0).split()[1:5] == ["rate", "47.5mbit", "ceil", "50.0mbit"]
+    assert tcp_wire_ceiling_bps(50e6) == pytest.approx(47.074e6, rel=1e-4)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from controllers.marking import htb_class_args
 from lab import agents
 from lab.kinds.base import Plan
 from lab.kinds.collective import jobplan as kind
@@ -52,17 +53,15 @@ class JobPrograms:
             dev = intf.name
             rate = intf.params["bw"]
             limit = intf.params["queue_bytes"]
-            burst = 70000
             node.cmd(f"tc qdisc del dev {dev} root 2>/dev/null")
             cmds = [f"tc qdisc add dev {dev} root handle 1: htb default " + ("11" if on else "1")]
             if on:
                 cmds += [
-                    f"tc class add dev {dev} parent 1: classid 1:1 htb rate {rate}mbit "
-                    f"ceil {rate}mbit burst {burst} cburst {burst} quantum 100000",
-                    f"tc class add dev {dev} parent 1:1 classid 1:11 htb rate {rate * 0.95}mbit"
-                    f" ceil {rate}mbit burst {burst} cburst {burst} prio 0 quantum 100000",
-                    f"tc class add dev {dev} parent 1:1 classid 1:12 htb rate {rate * 0.05}mbit"
-                    f" ceil {rate}mbit burst {burst} cburst {burst} prio 1 quantum 100000",
+                    f"tc class add dev {dev} parent 1: classid 1:1 {htb_class_args(rate)}",
+                    f"tc class add dev {dev} parent 1:1 classid 1:11 "
+                    f"{htb_class_args(rate * 0.95, rate)} prio 0",
+                    f"tc class add dev {dev} parent 1:1 classid 1:12 "
+                    f"{htb_class_args(rate * 0.05, rate)} prio 1",
                     f"tc qdisc add dev {dev} parent 1:11 handle 11: bfifo limit {limit}",
                     f"tc qdisc add dev {dev} parent 1:12 handle 12: bfifo limit {limit}",
                     f"tc filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dport "
@@ -70,8 +69,7 @@ class JobPrograms:
                 ]
             else:
                 cmds += [
-                    f"tc class add dev {dev} parent 1: classid 1:1 htb rate {rate}mbit "
-                    f"ceil {rate}mbit burst {burst} cburst {burst} quantum 100000",
+                    f"tc class add dev {dev} parent 1: classid 1:1 {htb_class_args(rate)}",
                     f"tc qdisc add dev {dev} parent 1:1 handle 10: bfifo limit {limit}",
                 ]
             for cmd in cmds:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controllers.marking import htb_burst_bytes
+from controllers.marking import htb_class_args
 from lab import agents
 from lab.kinds.base import Plan, Progress
 from lab.kinds.streaming import metrics
@@ -178,12 +178,11 @@ class EdgeRun:
         return config
 
     def set_uplink_bw(self, bw: float) -> None:
-        burst = htb_burst_bytes(bw * 1e6)
         for p in self.rports:
             if p.role == "uplink":
                 out = self.routers[p.node].cmd(
-                    f"tc class change dev {p.intf} parent 1: classid 1:1 htb rate {bw}mbit "
-                    f"ceil {bw}mbit burst {burst} cburst {burst} quantum 100000; echo __rc=$?")
+                    f"tc class change dev {p.intf} parent 1: classid 1:1 {htb_class_args(bw)}; "
+                    "echo __rc=$?")
                 if not out.strip().endswith("__rc=0"):
                     raise MachineError("topology.uplink_bw", f"{p.intf}: {out.strip()}")
         self.uplink_bw = bw
