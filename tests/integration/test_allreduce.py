@@ -16,6 +16,7 @@ import json
 
 import pytest
 
+from controllers.marking import tcp_wire_ceiling_bps
 from lab.model.result import validate
 from tests.integration.support import check_links_agree_with_flows, fabriclab
 
@@ -66,7 +67,8 @@ def check_common(r: dict) -> None:
         assert m["algbw_bps"] == pytest.approx(m["size_bytes"] * 8 / m["comm_p50_s"], rel=1e-3)
         assert m["busbw_bps"] == pytest.approx(m["algbw_bps"] * 2 * (n - 1) / n, rel=1e-3)
         assert m["ideal_comm_s"] == pytest.approx(
-            2 * (n - 1) / n * m["size_bytes"] * 8 / m["bottleneck_bps"], rel=1e-3)
+            2 * (n - 1) / n * m["size_bytes"] * 8 / tcp_wire_ceiling_bps(m["bottleneck_bps"]),
+            rel=1e-3)
         ring = [f for f in details["flows"] if f["kind"] == "allreduce"]
         assert ring and all(f["path_clean"] and f["bytes"] > 0 for f in ring), name
         problems = check_links_agree_with_flows({**details, "topology": r["topology"]})

@@ -103,7 +103,8 @@ def test_balanced_pins_put_one_connection_per_uplink():
 
 def test_ring_metrics_follow_nccl_tests():
     assert jm.busbw(100.0, 8) == pytest.approx(175.0)
-    assert jm.ideal_ring_s(8, 1 << 20, 50e6) == pytest.approx(2 * 7 / 8 * 8 * (1 << 20) / 50e6)
+    assert jm.ideal_ring_s(8, 1 << 20, 50e6) == pytest.approx(
+        2 * 7 / 8 * 8 * (1 << 20) / (50e6 * 1448 / 1538))
     outputs = []
     for r in range(4):
         steps = []

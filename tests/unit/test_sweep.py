@@ -51,8 +51,11 @@ def test_sweep_rows_follow_nccl_tests():
     assert small["count"] == (1 << 16) // 4
     assert big["algbw_bps"] == pytest.approx((1 << 20) * 8 / 0.4, rel=1e-6)
     assert big["busbw_bps"] == pytest.approx(big["algbw_bps"] * 1.5, rel=1e-6)
-    assert big["ideal_time_s"] == pytest.approx(1.5 * (1 << 20) * 8 / 50e6, rel=1e-6)
-    assert big["ideal_busbw_bps"] == 50_000_000
+    # the ideal is TCP's payload on the wire: 1448 of every 1538 bytes (full frames)
+    ceiling = 50e6 * 1448 / 1538
+    assert big["ideal_time_s"] == pytest.approx(1.5 * (1 << 20) * 8 / ceiling, rel=1e-6)
+    assert big["ideal_busbw_bps"] == round(ceiling)
+    assert big["busbw_vs_ideal"] == pytest.approx(big["busbw_bps"] / ceiling, abs=1e-4)
     lines = jm.sweep_table(rows)
     assert len(lines) == 3 and lines[2].split()[0] == str(1 << 20)
     # The headline numbers are the largest size's.

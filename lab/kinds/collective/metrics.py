@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from controllers.marking import tcp_wire_ceiling_bps
 from lab.model.stats import percentile
 
 
@@ -26,7 +27,9 @@ def ring_factor(n: int) -> float:
 
 
 def ideal_ring_s(n: int, size_bytes: int, bottleneck_bps: float) -> float:
-    return ring_factor(n) * size_bytes * 8 / bottleneck_bps
+    """A ring All-Reduce's time when every hop runs at TCP's ceiling on the slowest link's
+    wire (``tcp_wire_ceiling_bps``): what no ring over TCP on that link can beat."""
+    return ring_factor(n) * size_bytes * 8 / tcp_wire_ceiling_bps(bottleneck_bps)
 
 
 def busbw(algbw_bps: float, n: int) -> float:
@@ -171,7 +174,9 @@ def sweep_rows(outputs: list[dict[str, Any]], n: int,
                bottleneck_bps: float) -> list[dict[str, Any]]:
     """nccl-tests' table, one row per size: ``count`` float32 elements, ``time_s`` the
     median all-reduce time of the measured steps, algbw = S / t, busbw = algbw · 2(N−1)/N,
-    and the ideal a ring at the bottleneck rate B reaches: time 2(N−1)/N · S / B, busbw B."""
+    and the ideal a ring over TCP reaches on the bottleneck's wire: its payload ceiling C
+    (``tcp_wire_ceiling_bps``, 47.07 Mbit/s of 50), time 2(N−1)/N · S / C, busbw C."""
+    ceiling = tcp_wire_ceiling_bps(bottleneck_bps)
     by_size: dict[int, list[float]] = {}
     for s in ring_steps(outputs):
         if not s["warmup"] and s.get("size_bytes"):
@@ -184,18 +189,19 @@ def sweep_rows(outputs: list[dict[str, Any]], n: int,
                      "time_s": round(t, 6), "algbw_bps": round(algbw),
                      "busbw_bps": round(busbw(algbw, n)),
                      "ideal_time_s": round(ideal_ring_s(n, size, bottleneck_bps), 6),
-                     "ideal_busbw_bps": round(bottleneck_bps)})
+                     "ideal_busbw_bps": round(ceiling),
+                     "busbw_vs_ideal": round(busbw(algbw, n) / ceiling, 4)})
     return rows
 
 
 def sweep_table(rows: list[dict[str, Any]]) -> list[str]:
     """The sweep as nccl-tests prints it (its units: bytes, µs, GB/s; here Mbit/s too)."""
     out = [f"{'size (B)':>10} {'count':>9} {'time (us)':>10} {'algbw':>8} {'busbw':>8}"
-           f" {'ideal':>8}   (Mbit/s)"]
+           f" {'ideal':>8} {'bus/ideal':>9}   (Mbit/s; ideal: TCP's ceiling on the wire)"]
     for r in rows:
         out.append(f"{r['size_bytes']:>10} {r['count']:>9} {r['time_s'] * 1e6:>10.0f} "
                    f"{r['algbw_bps'] / 1e6:>8.2f} {r['busbw_bps'] / 1e6:>8.2f} "
-                   f"{r['ideal_busbw_bps'] / 1e6:>8.2f}")
+                   f"{r['ideal_busbw_bps'] / 1e6:>8.2f} {r['busbw_vs_ideal']:>9.3f}")
     return out
 
 
@@ -224,8 +230,9 @@ def incast_metrics(sink: dict[str, Any], senders: int, burst_bytes: int, gap_s: 
         # Every byte crosses the receiver's link, so bus and algorithm bandwidth agree.
         "algbw_bps": round(algbw), "busbw_bps": round(algbw),
         "bottleneck_bps": bottleneck_bps,
-        "ideal_comm_s": round(total * 8 / bottleneck_bps, 4),
-        "comm_vs_ideal": round(p50 / (total * 8 / bottleneck_bps), 3) if p50 else 0.0,
+        "ideal_comm_s": round(total * 8 / tcp_wire_ceiling_bps(bottleneck_bps), 4),
+        "comm_vs_ideal": round(p50 / (total * 8 / tcp_wire_ceiling_bps(bottleneck_bps)), 3)
+        if p50 else 0.0,
         "step_series": [{"step": s["step"], "step_s": s["step_s"],
                          "warmup": bool(s.get("warmup"))} for s in sink.get("steps", [])],
     }
