@@ -15,7 +15,9 @@ import json
 
 import pytest
 
+from controllers.marking import WIRE_FRAME_BYTES, WIRE_OVERHEAD_BYTES, tcp_wire_ceiling_bps
 from lab.model.result import validate
+from lab.net.links import MAX_TSO_FRAMES
 from tests.integration.support import check_links_agree_with_flows, fabriclab
 
 #: Placed and uncongested, the model, the library and the arithmetic agree within this.
@@ -101,32 +103,52 @@ def sweep(tmp_path_factory) -> tuple[dict, object]:
     return json.loads((out / "result.json").read_text()), out
 
 
+#: How far above the wire a lab port can carry TCP: it charges the wire's 24 bytes of
+#: preamble, gap and FCS once per packet, and a TSO packet of k frames is one packet
+#: (lab/net/links.py, MAX_TSO_FRAMES): at most (k-1) x 24 bytes short per k full frames.
+TSO_CHARGE_SLACK = (MAX_TSO_FRAMES - 1) * WIRE_OVERHEAD_BYTES / (MAX_TSO_FRAMES * WIRE_FRAME_BYTES)
+#: From 1 MiB on, both libraries run within this of TCP's ceiling, and within this of each
+#: other (the issue's acceptance; measured 0.985-0.987 of the ceiling for the synthetic
+#: ring, 0.94-0.98 for gloo, whose own connections take some retransmits).
+LARGE_TOL = 0.10
+
+
 def test_the_sweep_is_nccl_tests_table_for_both_libraries(sweep):
+    """The curve nccl-tests draws on a real network: no size beats the wire, and large
+    messages run at TCP's ceiling on it, with the synthetic ring where gloo is."""
     r, out = sweep
     assert validate(r) == [], validate(r)
     assert r["fidelity"]["valid"], r["fidelity"]
     sizes = r["params"]["job"]["sizes"]
+    busbw = {}
     for name in ("synthetic", "gloo"):
         m = phase(r, name)
         assert m["errors"] == [] and m["library"] == name
         rows = m["sweep"]
         assert [row["size_bytes"] for row in rows] == sizes
         n, bw = m["workers"], m["bottleneck_bps"]
+        ceiling = tcp_wire_ceiling_bps(bw)
         for row in rows:
             assert row["count"] == row["size_bytes"] // 4 and row["steps"] == 2
             assert row["algbw_bps"] == pytest.approx(row["size_bytes"] * 8 / row["time_s"],
                                                      rel=1e-3)
             assert row["busbw_bps"] == pytest.approx(row["algbw_bps"] * 2 * (n - 1) / n,
                                                      rel=1e-3)
-            assert row["ideal_busbw_bps"] == pytest.approx(bw)
-        # Large messages approach the link rate (measured 44-48 Mbit/s of 50 from 1 MiB).
-        for row in rows:
+            assert row["ideal_busbw_bps"] == pytest.approx(ceiling, abs=1)
+            assert row["busbw_vs_ideal"] == pytest.approx(row["busbw_bps"] / ceiling, abs=1e-3)
+            assert row["busbw_bps"] <= ceiling * (1 + TSO_CHARGE_SLACK), (name, row)
             if row["size_bytes"] >= 1 << 20:
-                assert abs(row["busbw_bps"] / bw - 1) <= MODEL_TOL, (name, row)
+                assert row["busbw_bps"] >= ceiling * (1 - LARGE_TOL), (name, row)
+        busbw[name] = {row["size_bytes"]: row["busbw_bps"] for row in rows}
         problems = check_links_agree_with_flows({**r["phase_details"][name],
                                                  "topology": r["topology"]})
         assert not problems, (name, problems)
-        print(name, [(row["size_bytes"], round(row["busbw_bps"] / 1e6, 1)) for row in rows])
+        print(name, [(row["size_bytes"], round(row["busbw_bps"] / 1e6, 2),
+                      row["busbw_vs_ideal"]) for row in rows])
+    for size in sizes:
+        if size >= 1 << 20:
+            ring, gloo = busbw["synthetic"][size], busbw["gloo"][size]
+            assert abs(ring / gloo - 1) <= LARGE_TOL, (size, ring, gloo)
     assert (out / "plots" / "allreduce-sweep.png").stat().st_size > 10_000
 
 
