@@ -80,7 +80,7 @@ def tc_major(handle: str) -> int:
 
 #: What a frame costs on an Ethernet wire beyond the bytes the kernel counts: preamble and
 #: start-of-frame delimiter (8), inter-frame gap (12) and FCS (4). Every lab port charges it
-#: per packet (tc's ``overhead``), so a link's configured rate is a wire rate.
+#: per frame (``wire_size_table``), so a link's configured rate is a wire rate.
 WIRE_OVERHEAD_BYTES = 24
 #: The shortest frame on the wire: 64 bytes with its FCS, plus preamble and gap (tc's ``mpu``).
 WIRE_MIN_FRAME_BYTES = 84
@@ -107,12 +107,40 @@ def htb_burst_bytes(rate_bps: float) -> int:
 
 
 def htb_class_args(rate_mbit: float, ceil_mbit: float | None = None) -> str:
-    """An htb class's shaping as tc takes it: rate (and ceil), the lab's burst, and the
-    per-frame wire overhead. Every htb class the lab makes is written by this."""
+    """An htb class's shaping as tc takes it: rate (and ceil) and the lab's burst. Every htb
+    class the lab makes is written by this; the qdisc above it counts wire bytes
+    (``wire_size_table``), so the class adds no overhead of its own."""
     ceil = rate_mbit if ceil_mbit is None else ceil_mbit
     return (f"htb rate {rate_mbit}mbit ceil {ceil}mbit burst {HTB_BURST_BYTES} "
-            f"cburst {HTB_BURST_BYTES} quantum {HTB_QUANTUM_BYTES} "
-            f"overhead {WIRE_OVERHEAD_BYTES} mpu {WIRE_MIN_FRAME_BYTES}")
+            f"cburst {HTB_BURST_BYTES} quantum {HTB_QUANTUM_BYTES}")
+
+
+#: TCP/IPv4 headers in front of each segment's payload, with the Ethernet header: 14 + 20 +
+#: 32 (timestamps on, Linux's default).
+TCP_FRAME_HEADER_BYTES = 1514 - TCP_MSS_BYTES
+#: The size table covers every packet up to this length: a TSO packet of up to 5 full
+#: segments (the lab caps them at 4 frames, lab/net/links.py), and every single frame.
+WIRE_TABLE_SLOTS = 8192
+
+
+def wire_bytes(skb_len: int) -> int:
+    """What a packet the kernel hands a port with ``skb_len`` bytes (Ethernet header
+    included) costs on the wire: each frame's bytes plus ``WIRE_OVERHEAD_BYTES``, at least
+    ``WIRE_MIN_FRAME_BYTES``. Longer than one full frame, it is a TCP TSO packet whose
+    segments each repeat the headers (``TCP_FRAME_HEADER_BYTES``)."""
+    if skb_len <= 1514:
+        return max(skb_len + WIRE_OVERHEAD_BYTES, WIRE_MIN_FRAME_BYTES)
+    payload = skb_len - TCP_FRAME_HEADER_BYTES
+    frames = -(-payload // TCP_MSS_BYTES)
+    return payload + frames * (TCP_FRAME_HEADER_BYTES + WIRE_OVERHEAD_BYTES)
+
+
+def wire_size_table() -> list[int]:
+    """The qdisc size table (tc's ``stab``, slot = packet length in bytes) that makes a
+    port's qdisc count wire bytes: htb charges them against the rate, the byte queue
+    against its limit. tc's own ``overhead`` would add once per packet, a TSO packet of n
+    frames 24(n-1) bytes short; the table counts every frame."""
+    return [wire_bytes(n) for n in range(WIRE_TABLE_SLOTS)]
 
 
 def tcp_wire_ceiling_bps(rate_bps: float) -> float:

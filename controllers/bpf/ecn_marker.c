@@ -15,7 +15,7 @@
  *
  * The decision uses the queue a packet finds on arrival, *before* it is added, as RED and
  * DCTCP switches do. Then the packet is added unless the bfifo would drop it
- * (queue + len > limit). Bytes are counted as the qdisc counts them (see `len` below).
+ * (queue + len > limit). Bytes are wire bytes, as the qdisc counts them (see `len` below).
  *
  * Marking is RED/DCQCN-shaped: p = 0 up to Kmin, rising linearly to Pmax at Kmax, 1 above
  * Kmax. A DCTCP step at K is Kmin = Kmax = K, Pmax = 1. Only IPv4 ECT(0)/ECT(1) packets
@@ -121,14 +121,15 @@ int ecn_mark(struct __sk_buff *skb)
 	__u8 ecn = ipv4 ? (ip[1] & ECN_MASK) : ECN_NOT_ECT;
 	__u64 now = bpf_ktime_get_ns();
 	__u32 rnd = bpf_get_prandom_u32();
-	/* Count bytes as the qdisc does: wire_len is qdisc_pkt_len(), which adds each
-	 * segment's headers to a GSO super-packet. htb charges that against the rate and the
-	 * bfifo against its limit; skb->len would make the virtual queue drain ~4% faster
-	 * than the real one under TSO, and then sit empty below a full real queue. */
-	__u64 len = skb->wire_len ? skb->wire_len : skb->len;
-	/* htb also charges tc's per-packet wire overhead (preamble, gap, FCS) against the
-	 * rate: the queue drains that much slower per packet (controllers/marking.py). */
-	__u64 len_units = (len + WIRE_OVERHEAD_BYTES) * UNITS_PER_BYTE;
+	/* Count bytes as the qdisc does: wire bytes. wire_len is qdisc_pkt_len() before the
+	 * port's size table: each frame's bytes, a GSO super-packet's segments with their
+	 * headers. The table (controllers/marking.py, wire_size_table) adds every frame's
+	 * preamble, gap and FCS, and htb charges that against the rate and the bfifo against
+	 * its limit; skb->len alone would make the virtual queue drain ~6% faster than the
+	 * real one under TSO, and then sit empty below a full real queue. */
+	__u64 frames = skb->gso_segs ? skb->gso_segs : 1;
+	__u64 len = (skb->wire_len ? skb->wire_len : skb->len) + frames * WIRE_OVERHEAD_BYTES;
+	__u64 len_units = len * UNITS_PER_BYTE;
 	__u64 burst_units = cfg.burst_bytes * UNITS_PER_BYTE;
 	int mark = 0;
 

@@ -28,15 +28,17 @@ from mininet.link import Intf, Link, TCIntf
 
 from controllers.marking import QUEUE_HANDLE, htb_class_args
 from lab.model.errors import TopologyError
+from lab.net.wire import TC_H_ROOT, count_wire_bytes
 
-#: The largest TSO/GSO packet a lab interface carries, in frames (``gso_max_segs``). The
-#: qdisc shapes what it is handed, and a TSO packet leaves a port as one: a port can run
-#: ahead of its wire by one TSO packet, and tc's per-packet overhead is charged once per TSO
-#: packet instead of per frame. Per-frame shaping (tbf segmenting every TSO packet) makes
-#: that exact, but the userspace datapath's cost is per packet: it took ovs-vswitchd from
-#: 20 % to 85 % of a core and allreduce-sweep to 0 % idle. Four frames (6 KB, 1 ms at
-#: 50 Mbit/s) keep the error small (at most 3 x 24 bytes per 4 x 1538) at about twice
-#: the packets of an uncapped TCP (measured mean 14 frames).
+#: The largest TSO/GSO packet a lab interface carries, in frames (``gso_max_segs``). A
+#: port's qdisc counts a TSO packet frame by frame (lab/net/wire.py), but lets it go as one:
+#: after idle a port runs ahead of its wire by up to one TSO packet. Per-frame shaping (tbf
+#: segmenting every TSO packet) would make it exact, but the userspace datapath's cost is
+#: per packet: it took ovs-vswitchd from 20 % to 85 % of a core and allreduce-sweep to 0 %
+#: idle. Measured on allreduce-sweep's small sizes (busbw against TCP's ceiling on the
+#: wire): 4 frames (6 KB, 1 ms at 50 Mbit/s) stay below the ceiling at every size (0.91-
+#: 0.99); 8 reach 1.02 and 16 reach 1.06. ovs-vswitchd's share of a core was 85 / 54 / 35 %
+#: at 4 / 8 / 16 (20 % with TCP's own sizes, 14 frames on average).
 MAX_TSO_FRAMES = 4
 #: What a host's TCP may keep in its own NIC's queue (TSQ, per socket): two TSO packets.
 #: Linux sizes TSQ in bytes (two 64 KB packets by default), which on a real NIC is
@@ -58,6 +60,13 @@ _NETEM_FRAME_BYTES = 1500
 _NETEM_MIN_LIMIT = 1000
 #: Handle of the root netem when a link has delay/jitter/loss.
 NETEM_HANDLE = "2:"
+#: The htb's parent below that netem (its class 1), as the kernel writes handles.
+_NETEM_CHILD = (int(NETEM_HANDLE.rstrip(":"), 16) << 16) | 1
+
+
+def htb_parent(netem: Netem | None) -> int:
+    """Where a port's htb hangs: the root, or below a root netem (module doc)."""
+    return _NETEM_CHILD if netem is not None and netem.active else TC_H_ROOT
 
 
 @dataclass(frozen=True)
@@ -219,19 +228,21 @@ class ShapedIntf(TCIntf):
         if bw is None and not netem.active:
             if batch is not None:
                 self.shaped = result
-                batch.add(self, [])
+                batch.add(self, [], [])
             return result
         dev = self.name
         cmds = tc_commands(dev, bw, queue_bytes or 150_000, netem)
+        wire = [(dev, htb_parent(netem))] if bw is not None else []
         if batch is None:
             self._apply_now(cmds)
+            count_wire_bytes(self.node.pid if self.node.inNamespace else None, wire)
         if bw is not None:
             result["bw"] = bw
         if netem.active:
             result["netem"] = netem.args()
         if batch is not None:
             self.shaped = result
-            batch.add(self, cmds)
+            batch.add(self, cmds, wire)
         return result
 
     def _apply_now(self, cmds: list[str]) -> None:
@@ -269,14 +280,14 @@ class ShapingBatch:
     """
 
     def __init__(self) -> None:
-        #: interface name -> (its node, its tc commands); a later config of the same
-        #: interface (Mininet's re-apply) replaces the earlier one.
-        self.pending: dict[str, tuple[Any, list[str]]] = {}
+        #: interface name -> (its node, its tc commands, its htb for the wire size table); a
+        #: later config of the same interface (Mininet's re-apply) replaces the earlier one.
+        self.pending: dict[str, tuple[Any, list[str], list[tuple[str, int]]]] = {}
         #: (node, interface) to set up, all at once, before the switches take their ports.
         self.ups: list[tuple[Any, str]] = []
 
-    def add(self, intf: ShapedIntf, cmds: list[str]) -> None:
-        self.pending[intf.name] = (intf.node, cmds)
+    def add(self, intf: ShapedIntf, cmds: list[str], wire: list[tuple[str, int]]) -> None:
+        self.pending[intf.name] = (intf.node, cmds, wire)
 
     def __enter__(self) -> ShapingBatch:
         ShapedIntf.batch = self
@@ -294,8 +305,13 @@ class ShapingBatch:
 
     def apply(self) -> int:
         """Shape every collected interface; returns how many."""
-        _run_batches("tc", [(node, c.removeprefix("tc ")) for node, cmds in
+        _run_batches("tc", [(node, c.removeprefix("tc ")) for node, cmds, _ in
                             self.pending.values() for c in cmds])
+        by_ns: dict[int | None, list[tuple[str, int]]] = {}
+        for node, _, wire in self.pending.values():
+            by_ns.setdefault(node.pid if node.inNamespace else None, []).extend(wire)
+        for pid, ports in by_ns.items():
+            count_wire_bytes(pid, ports)
         n = len(self.pending)
         self.pending.clear()
         return n

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from controllers import ecn
-from controllers.marking import htb_burst_bytes
 from lab.machine.environment import qdisc_available
+from lab.net.links import TSO_LIMIT, tc_commands
+from lab.net.wire import TC_H_ROOT, count_wire_bytes
 
 RATE_MBIT = 50
 QUEUE_BYTES = 150_000
@@ -80,19 +81,17 @@ class Rig:
                                  (self.ns_s, self.if_sb, "10.77.2.254/24"),
                                  (self.ns_b, self.if_b, f"{self.ip_b}/24")):
             self.ns(name, "ip", "addr", "add", addr, "dev", intf)
-            self.ns(name, "ip", "link", "set", intf, "up")
+            self.ns(name, "ip", "link", "set", intf, *TSO_LIMIT.split(), "up")
         self.ns(self.ns_a, "ip", "route", "add", "default", "via", "10.77.1.254")
         self.ns(self.ns_b, "ip", "route", "add", "default", "via", "10.77.2.254")
         self.ns(self.ns_s, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
         for name in (self.ns_a, self.ns_b):
             self.ns(name, "sysctl", "-q", "-w", "net.ipv4.tcp_ecn=1")
-        burst = htb_burst_bytes(RATE_MBIT * 1e6)  # the lab's port layout (lab/net/links.py)
-        for cmd in ("qdisc add dev {d} root handle 1: htb default 1",
-                    f"class add dev {{d}} parent 1: classid 1:1 htb rate {RATE_MBIT}mbit "
-                    f"ceil {RATE_MBIT}mbit burst {burst} cburst {burst} quantum 100000",
-                    f"qdisc add dev {{d}} parent 1:1 handle 10: bfifo limit {QUEUE_BYTES}"):
-            self.ns(self.ns_s, "tc", *cmd.format(d=self.if_sb).split())
         self.sleeper = self.spawn(self.ns_s, "sleep", "600")
+        # the lab's port layout, as lab/net/links.py gives every port
+        for cmd in tc_commands(self.if_sb, RATE_MBIT, QUEUE_BYTES):
+            self.ns(self.ns_s, *cmd.split())
+        count_wire_bytes(self.sleeper.pid, [(self.if_sb, TC_H_ROOT)])
         self.spawn(self.ns_b, "iperf3", "-s", "-B", self.ip_b, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -9,7 +10,16 @@ import pytest
 from lab.kinds.streaming import wan_fidelity
 from lab.model.errors import MachineError, TopologyError
 from lab.net.edge import DEFAULT_WAN_DELAY_MS
-from lab.net.links import Netem, check_netem, netem_limit_packets, root_netem_delay_ms, tc_commands
+from lab.net.links import (
+    MAX_TSO_FRAMES,
+    TSO_LIMIT,
+    Netem,
+    check_netem,
+    htb_parent,
+    netem_limit_packets,
+    root_netem_delay_ms,
+    tc_commands,
+)
 from lab.net.topobase import refuse_without_netem
 from lab.net.topologies import describe, make_topology
 
@@ -152,3 +162,30 @@ def test_the_byte_queue_handle_is_read_as_tc_writes_it():
     assert tc_major(QUEUE_HANDLE) == netlink.BYTE_QUEUE_HANDLE
     cmds = tc_commands("eth0", 10.0, 20_000)
     assert any(f"handle {QUEUE_HANDLE} bfifo" in c for c in cmds), cmds
+
+
+def test_the_wire_size_table_counts_every_frame():
+    """A frame costs its bytes + 24 (preamble, gap, FCS), at least 84; a TCP TSO packet is
+    its segments, each with the 66 bytes of headers again."""
+    from controllers.marking import (
+        TCP_FRAME_HEADER_BYTES,
+        TCP_MSS_BYTES,
+        WIRE_TABLE_SLOTS,
+        wire_bytes,
+        wire_size_table,
+    )
+    assert wire_bytes(42) == 84 and wire_bytes(66) == 90 and wire_bytes(1514) == 1538
+    for segs in range(1, 6):
+        skb = TCP_FRAME_HEADER_BYTES + segs * TCP_MSS_BYTES
+        assert wire_bytes(skb) == segs * 1538
+        assert wire_bytes(skb - 100) == segs * 1538 - 100        # a short last segment
+    table = wire_size_table()
+    assert len(table) == WIRE_TABLE_SLOTS and max(table) < 2**16       # tc's u16 slots
+    assert wire_bytes(TCP_FRAME_HEADER_BYTES + MAX_TSO_FRAMES * TCP_MSS_BYTES) < len(table)
+    assert all(b > a for a, b in itertools.pairwise(table[84:]))
+
+
+def test_every_port_caps_its_tso_packets():
+    assert f"gso_max_segs {MAX_TSO_FRAMES}" == TSO_LIMIT
+    assert htb_parent(Netem()) == 0xFFFFFFFF
+    assert htb_parent(Netem(delay_ms=1.0)) == 0x00020001

@@ -1,0 +1,92 @@
+"""Ports that count wire bytes: the lab's size table on each shaped port's root qdisc.
+
+tc cannot load an arbitrary size table (its ``stab`` only computes ATM and ADSL cells), so
+the table (``controllers.marking.wire_size_table``) goes to the kernel as rtnetlink's
+``TCA_STAB`` on a change of the root qdisc, over one socket per network namespace
+(``lab.machine.netns``: nothing is spawned per port). A change that carries no options
+keeps every other setting of the qdisc and its classes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import struct
+from collections.abc import Iterable
+
+from controllers.marking import wire_size_table
+from lab.machine.netns import socket_in
+from lab.model.errors import TopologyError
+
+_NLMSG_HDR = struct.Struct("=IHHII")          # len, type, flags, seq, pid
+_TCMSG = struct.Struct("=BxxxiIII")           # family, ifindex, handle, parent, info
+_SIZESPEC = struct.Struct("=BBhiIIII")        # cell_log, size_log, cell_align, overhead,
+#                                               linklayer, mpu, mtu, tsize
+_RTM_NEWQDISC, _NLMSG_ERROR = 36, 2
+_NLM_F_REQUEST, _NLM_F_ACK = 0x1, 0x4
+_TCA_KIND, _TCA_STAB = 1, 8
+_TCA_STAB_BASE, _TCA_STAB_DATA = 1, 2
+_NLA_F_NESTED = 0x8000
+_TC_LINKLAYER_ETHERNET = 1
+#: The qdisc every shaped port shapes with (lab/net/links.py): htb, handle 1:, at the root
+#: or below a root netem. A size table below the root applies there too: a parent hands a
+#: packet to its child through qdisc_enqueue, which recounts it.
+_HTB_HANDLE, _HTB_KIND = 0x00010000, b"htb"
+#: tc's parent for a root qdisc.
+TC_H_ROOT = 0xFFFFFFFF
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    body = struct.pack("=HH", 4 + len(payload), kind) + payload
+    return body + b"\0" * (-len(body) % 4)
+
+
+@functools.cache
+def _stab_attr() -> bytes:
+    """``TCA_STAB`` for the wire table, built once: slot n is a packet of n bytes."""
+    table = wire_size_table()
+    spec = _SIZESPEC.pack(0, 0, 0, 0, _TC_LINKLAYER_ETHERNET, 0, 0, len(table))
+    data = struct.pack(f"={len(table)}H", *table)
+    return _attr(_TCA_STAB | _NLA_F_NESTED,
+                 _attr(_TCA_STAB_BASE, spec) + _attr(_TCA_STAB_DATA, data))
+
+
+def _request(ifindex: int, parent: int, seq: int) -> bytes:
+    body = (_TCMSG.pack(socket.AF_UNSPEC, ifindex, _HTB_HANDLE, parent, 0)
+            + _attr(_TCA_KIND, _HTB_KIND + b"\0") + _stab_attr())
+    return _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), _RTM_NEWQDISC,
+                           _NLM_F_REQUEST | _NLM_F_ACK, seq, 0) + body
+
+
+def count_wire_bytes(pid: int | None, ports: Iterable[tuple[str, int]]) -> None:
+    """Give the htb of each ``(device, its parent)`` in ``pid``'s namespace (this one's for
+    None) the wire size table; the first refusal is a TopologyError naming the port."""
+    devs = list(ports)
+    if not devs:
+        return
+    box: dict[str, tuple[str, int, str]] = {}
+
+    def work() -> socket.socket:
+        # Runs inside the namespace: device names resolve there.
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        sock.settimeout(10.0)
+        sock.bind((0, 0))
+        for seq, (dev, parent) in enumerate(devs, start=1):
+            try:
+                sock.send(_request(socket.if_nametoindex(dev), parent, seq))
+                reply = sock.recv(1 << 16)
+            except OSError as e:
+                box["error"] = (dev, e.errno or 0, str(e))
+                break
+            _, kind, _, _, _ = _NLMSG_HDR.unpack_from(reply, 0)
+            (err,) = struct.unpack_from("=i", reply, _NLMSG_HDR.size)
+            if kind == _NLMSG_ERROR and err != 0:
+                box["error"] = (dev, -err, os.strerror(-err))
+                break
+        return sock
+
+    socket_in(pid, work).close()
+    if "error" in box:
+        dev, _, why = box["error"]
+        raise TopologyError("link", f"{dev}: the kernel refused the wire size table: {why}")
