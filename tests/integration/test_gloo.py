@@ -15,9 +15,8 @@ import json
 
 import pytest
 
-from controllers.marking import WIRE_FRAME_BYTES, WIRE_OVERHEAD_BYTES, tcp_wire_ceiling_bps
+from controllers.marking import tcp_wire_ceiling_bps
 from lab.model.result import validate
-from lab.net.links import MAX_TSO_FRAMES
 from tests.integration.support import check_links_agree_with_flows, fabriclab
 
 #: Placed and uncongested, the model, the library and the arithmetic agree within this.
@@ -103,19 +102,17 @@ def sweep(tmp_path_factory) -> tuple[dict, object]:
     return json.loads((out / "result.json").read_text()), out
 
 
-#: How far above the wire a lab port can carry TCP: it charges the wire's 24 bytes of
-#: preamble, gap and FCS once per packet, and a TSO packet of k frames is one packet
-#: (lab/net/links.py, MAX_TSO_FRAMES): at most (k-1) x 24 bytes short per k full frames.
-TSO_CHARGE_SLACK = (MAX_TSO_FRAMES - 1) * WIRE_OVERHEAD_BYTES / (MAX_TSO_FRAMES * WIRE_FRAME_BYTES)
-#: From 1 MiB on, both libraries run within this of TCP's ceiling, and within this of each
-#: other (the issue's acceptance; measured 0.985-0.987 of the ceiling for the synthetic
-#: ring, 0.94-0.98 for gloo, whose own connections take some retransmits).
+#: From 1 MiB on, both libraries run within this of TCP's ceiling on the wire, and within
+#: this of each other (measured 0.984-0.986 of the ceiling for the synthetic ring, 0.96-0.98
+#: for gloo). What keeps them under 1: every wire of the ring also carries the other hop's
+#: ACKs, one 90-byte frame per TSO packet of 4 (1.5 %).
 LARGE_TOL = 0.10
 
 
 def test_the_sweep_is_nccl_tests_table_for_both_libraries(sweep):
-    """The curve nccl-tests draws on a real network: no size beats the wire, and large
-    messages run at TCP's ceiling on it, with the synthetic ring where gloo is."""
+    """The curve nccl-tests draws on a real network: no size beats the wire (a port counts
+    every frame's wire bytes, lab/net/wire.py), and large messages run at TCP's ceiling on
+    it, with the synthetic ring where gloo is."""
     r, out = sweep
     assert validate(r) == [], validate(r)
     assert r["fidelity"]["valid"], r["fidelity"]
@@ -136,7 +133,7 @@ def test_the_sweep_is_nccl_tests_table_for_both_libraries(sweep):
                                                      rel=1e-3)
             assert row["ideal_busbw_bps"] == pytest.approx(ceiling, abs=1)
             assert row["busbw_vs_ideal"] == pytest.approx(row["busbw_bps"] / ceiling, abs=1e-3)
-            assert row["busbw_bps"] <= ceiling * (1 + TSO_CHARGE_SLACK), (name, row)
+            assert row["busbw_bps"] <= ceiling, (name, row)
             if row["size_bytes"] >= 1 << 20:
                 assert row["busbw_bps"] >= ceiling * (1 - LARGE_TOL), (name, row)
         busbw[name] = {row["size_bytes"]: row["busbw_bps"] for row in rows}
