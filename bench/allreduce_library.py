@@ -71,7 +71,8 @@ def main() -> int:
                     for s in m["sweep"] or []:
                         print(f"      {s['size_bytes']:>9} B  {s['time_s'] * 1e3:9.1f} ms  "
                               f"algbw {s['algbw_bps'] / 1e6:6.2f}  busbw "
-                              f"{s['busbw_bps'] / 1e6:6.2f} Mbit/s")
+                              f"{s['busbw_bps'] / 1e6:6.2f} Mbit/s  "
+                              f"{s['busbw_vs_ideal']:.3f} of TCP's ceiling on the wire")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 1 if missed else 0
