@@ -142,3 +142,22 @@ def test_telemetry_reads_the_byte_queue_not_the_delay_line(pair):
     # Read throughout the overload, and the queue filled: else the bound proves nothing.
     assert len(seen) >= 10 and max(seen) > q_bytes / 2, (len(seen), max(seen))
     assert max(seen) <= q_bytes + 1500, seen[:20]
+
+
+def test_under_a_root_netem_the_port_still_counts_wire_bytes(pair):
+    """The size table (lab/net/wire.py) sits on the htb below the netem: each 1442-byte
+    UDP frame costs the port 1466 bytes (its 24 bytes of preamble, gap and FCS)."""
+    a, b = pair(bw=10, queue_bytes=100_000, delay_ms=2.0)
+    dev = a.defaultIntf().name
+    assert "tsize 8192" in a.cmd(f"tc -d qdisc show dev {dev} handle 1:")
+    b.cmd("iperf3 -s -1 -D -B 10.99.0.2 -p 5297")
+    time.sleep(0.5)
+    before = _qdiscs(a, dev)["1:"]
+    a.cmd("iperf3 -c 10.99.0.2 -p 5297 -u -b 4M -l 1400 -t 2 > /dev/null")
+    after = _qdiscs(a, dev)["1:"]
+    frames = after["packets"] - before["packets"]
+    wire = after["bytes"] - before["bytes"]
+    print(f"{frames} frames, {wire} wire bytes at the htb")
+    # iperf3's datagrams, plus its few control packets (TCP, short): within them
+    assert frames > 500
+    assert abs(wire - frames * 1466) <= 20 * 1466, (wire, frames)

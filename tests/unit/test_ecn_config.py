@@ -234,10 +234,10 @@ def test_object_is_built_once_per_source(tmp_path) -> None:
 
 
 def test_a_lab_port_is_a_wire() -> None:
-    """Every htb class bursts two wire frames at most (its qdisc counts wire bytes:
+    """Every htb class bursts one wire frame at most (its qdisc counts wire bytes:
     lab/net/wire.py): TCP's ceiling is its payload share of full frames on the wire."""
     args = htb_class_args(50.0).split()
     assert "overhead" not in args and "mpu" not in args       # the size table counts them
-    assert args[args.index("burst") + 1] == str(2 * 1538) == args[args.index("cburst") + 1]
+    assert args[args.index("burst") + 1] == "1538" == args[args.index("cburst") + 1]
     assert htb_class_args(47.5, 50.0).split()[1:5] == ["rate", "47.5mbit", "ceil", "50.0mbit"]
     assert tcp_wire_ceiling_bps(50e6) == pytest.approx(47.074e6, rel=1e-4)
