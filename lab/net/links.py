@@ -26,20 +26,10 @@ from typing import Any
 
 from mininet.link import Intf, Link, TCIntf
 
-from controllers.marking import QUEUE_HANDLE, htb_class_args
+from controllers.marking import MAX_TSO_FRAMES, QUEUE_HANDLE, htb_class_args
 from lab.model.errors import TopologyError
 from lab.net.wire import TC_H_ROOT, count_wire_bytes
 
-#: The largest TSO/GSO packet a lab interface carries, in frames (``gso_max_segs``). A
-#: port's qdisc counts a TSO packet frame by frame (lab/net/wire.py), but lets it go as one:
-#: after idle a port runs ahead of its wire by up to one TSO packet. Per-frame shaping (tbf
-#: segmenting every TSO packet) would make it exact, but the userspace datapath's cost is
-#: per packet: it took ovs-vswitchd from 20 % to 85 % of a core and allreduce-sweep to 0 %
-#: idle. Measured on allreduce-sweep's small sizes (busbw against TCP's ceiling on the
-#: wire): 4 frames (6 KB, 1 ms at 50 Mbit/s) stay below the ceiling at every size (0.91-
-#: 0.99); 8 reach 1.02 and 16 reach 1.06. ovs-vswitchd's share of a core was 85 / 54 / 35 %
-#: at 4 / 8 / 16 (20 % with TCP's own sizes, 14 frames on average).
-MAX_TSO_FRAMES = 4
 #: What a host's TCP may keep in its own NIC's queue (TSQ, per socket): two TSO packets.
 #: Linux sizes TSQ in bytes (two 64 KB packets by default), which on a real NIC is
 #: microseconds; on a lab link it was 15-24 ms (measured mean 91 kB, max 148 kB behind a

@@ -11,10 +11,9 @@ import pytest
 
 from controllers import ecn
 from controllers.marking import (
-    HTB_BURST_BYTES,
+    AHEAD_BYTES,
     Marking,
     PortQueue,
-    htb_burst_bytes,
     htb_class_args,
     parse_marking,
     tcp_wire_ceiling_bps,
@@ -90,7 +89,7 @@ def test_marking_and_port_validate_themselves() -> None:
 
 @pytest.mark.parametrize("mbit", [1, 10, 50, 100, 200, 1000, 10_000])
 def test_default_burst_is_the_labs(mbit: int) -> None:
-    assert PortQueue("p0", mbit * 10**6, 1000).htb_burst == htb_burst_bytes(mbit * 10**6)
+    assert PortQueue("p0", mbit * 10**6, 1000).htb_burst == AHEAD_BYTES
     assert PortQueue("p0", mbit * 10**6, 1000, 5000).htb_burst == 5000
 
 
@@ -209,7 +208,7 @@ def test_config_values() -> None:
     rate, burst, limit, kmin, kmax, pmax, on = struct.unpack(
         "<7Q", ecn.config_value(PORT, Marking.step(30_000)))
     assert (rate, burst, limit, kmin, kmax, pmax, on) == (
-        50_000_000, HTB_BURST_BYTES, 150_000, 30_000, 30_000, 2**32, 1)
+        50_000_000, AHEAD_BYTES, 150_000, 30_000, 30_000, 2**32, 1)
     *_, pmax, on = struct.unpack("<7Q", ecn.config_value(PORT, Marking(1, 2, 0.25)))
     assert (pmax, on) == (2**30, 1)
     *_, on = struct.unpack("<7Q", ecn.config_value(PORT, None))
