@@ -144,16 +144,24 @@ def test_checkpoints_slow_the_steps_they_overlap_and_classes_fix_it(shared):
           f"{outside['step_p50_s']:.3f} s; classes {classes['step_p50_s']:.3f} s "
           f"p99 {classes['step_p99_s']:.3f} s")
     assert during["steps"] > 0 and outside["steps"] > 0
-    assert during["step_p50_s"] > outside["step_p50_s"] * 1.1      # measured 1.20-1.35x
     # Every GPU checkpoints at once, so two GPUs share a storage server's link: a checkpoint
-    # takes at most half a NIC and a fully overlapped step is at most ~1.5x (0.25 s compute,
-    # comm 0.3 -> 0.6 s). Measured 1.25-1.52x over six runs.
+    # takes at most half a GPU's NIC, and an all-reduce it overlaps whole takes twice as
+    # long (0.32 -> 0.64 s; a step of 0.25 s compute then 1.55x). The all-reduce, not the
+    # step, is what the checkpoint acts on: a step it overlaps in part is diluted by compute.
+    # Measured, all-reduce during / outside: 1.64x (step 1.36x; 1.20-1.35x over six runs
+    # before links counted wire bytes).
+    assert during["comm_p50_s"] > outside["comm_p50_s"] * 1.3
+    assert during["step_p50_s"] > outside["step_p50_s"]
+    # The tail is a step overlapped whole: the model's 1.55x, measured 1.53x (1.25-1.52x
+    # over six runs before).
     assert same["step_p99_s"] > alone["step_p99_s"] * 1.2
     assert same["gpu_idle_fraction"] > alone["gpu_idle_fraction"]
     # In a class of its own the checkpoint still runs (every phase wrote checkpoints) ...
     assert classes["checkpoints"] and all(c["duration_s"] > 0 for c in classes["checkpoints"])
-    # ... and the steps it overlaps (slower, it overlaps most) are back to the job alone's
-    # (measured 0.98-1.05x), the ring's tail below the shared one's (measured 0.69-0.96x).
+    # ... and the steps it overlaps (slower, it overlaps most) are back to the job alone's:
+    # the job's class is guaranteed 95 % of the NIC and borrows the rest first, so its
+    # all-reduce slows by 1/0.95 at most, its step by 3 % (measured 0.98-1.05x, 1.03x after
+    # links counted wire bytes); the ring's tail below the shared one's (measured 0.69-0.96x).
     # Not the tail against the job alone: p99 of 23 steps is their slowest, and one
     # retransmission timeout in either phase decides it (1 run in 7 here).
     c_during = classes["by_checkpoint"]["during"]

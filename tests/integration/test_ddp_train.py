@@ -89,7 +89,11 @@ def test_buckets_hide_the_all_reduce_behind_backward_one_bucket_does_not(ddp):
     assert placed["ddp"]["buckets"] == size // int(cap * 2**20)
     assert one["ddp"]["buckets"] == 1 and one["ddp"]["overlap_fraction"] == 0.0
     assert placed["ddp"]["overlap_fraction"] > 0.2, placed["ddp"]["overlap_fraction"]
-    # what the overlap buys: measured 434-438 ms against 621-623 ms a step
+    # What the overlap buys. A step is compute plus the exposed all-reduce: one bucket
+    # 0.32 + 0.29 s = 0.61 s; eight buckets with 57 % overlapped, 0.33 + 0.43 x 0.30 = 0.46 s,
+    # 0.76 of it (measured 461 against 606 ms; 434-438 against 621-623 before links counted
+    # wire bytes). The bound holds while at least 28 % of the all-reduce is hidden
+    # (0.33 + 0.72 x 0.30 = 0.545 s = 0.9 x 0.606), half of the 57 % measured.
     assert placed["step_p50_s"] < 0.9 * one["step_p50_s"]
     assert placed["gpu_idle_fraction"] < one["gpu_idle_fraction"]
 
