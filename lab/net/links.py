@@ -28,7 +28,7 @@ from mininet.link import Intf, Link, TCIntf
 
 from controllers.marking import MAX_TSO_FRAMES, QUEUE_HANDLE, htb_class_args
 from lab.model.errors import TopologyError
-from lab.net.wire import TC_H_ROOT, count_wire_bytes
+from lab.net.wire import Qdisc, count_wire_bytes
 
 #: What a host's TCP may keep in its own NIC's queue (TSQ, per socket): two TSO packets.
 #: Linux sizes TSQ in bytes (two 64 KB packets by default), which on a real NIC is
@@ -50,13 +50,17 @@ _NETEM_FRAME_BYTES = 1500
 _NETEM_MIN_LIMIT = 1000
 #: Handle of the root netem when a link has delay/jitter/loss.
 NETEM_HANDLE = "2:"
-#: The htb's parent below that netem (its class 1), as the kernel writes handles.
-_NETEM_CHILD = (int(NETEM_HANDLE.rstrip(":"), 16) << 16) | 1
+_NETEM_MAJOR = int(NETEM_HANDLE.rstrip(":"), 16) << 16
 
 
-def htb_parent(netem: Netem | None) -> int:
-    """Where a port's htb hangs: the root, or below a root netem (module doc)."""
-    return _NETEM_CHILD if netem is not None and netem.active else TC_H_ROOT
+def wire_qdiscs(dev: str, netem: Netem | None) -> list[Qdisc]:
+    """The qdiscs of a shaped port that count wire bytes (lab/net/wire.py): its htb, and a
+    root netem above it too. (Measured on Debian 12's 6.1 kernel: the table on the htb below
+    a netem alone left it counting frame bytes; a packet counted at the root keeps its
+    length on the way down.)"""
+    if netem is None or not netem.active:
+        return [Qdisc(dev)]
+    return [Qdisc(dev, handle=_NETEM_MAJOR, kind="netem"), Qdisc(dev, parent=_NETEM_MAJOR | 1)]
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,7 @@ class ShapedIntf(TCIntf):
             return result
         dev = self.name
         cmds = tc_commands(dev, bw, queue_bytes or 150_000, netem)
-        wire = [(dev, htb_parent(netem))] if bw is not None else []
+        wire = wire_qdiscs(dev, netem) if bw is not None else []
         if batch is None:
             self._apply_now(cmds)
             count_wire_bytes(self.node.pid if self.node.inNamespace else None, wire)
@@ -272,11 +276,11 @@ class ShapingBatch:
     def __init__(self) -> None:
         #: interface name -> (its node, its tc commands, its htb for the wire size table); a
         #: later config of the same interface (Mininet's re-apply) replaces the earlier one.
-        self.pending: dict[str, tuple[Any, list[str], list[tuple[str, int]]]] = {}
+        self.pending: dict[str, tuple[Any, list[str], list[Qdisc]]] = {}
         #: (node, interface) to set up, all at once, before the switches take their ports.
         self.ups: list[tuple[Any, str]] = []
 
-    def add(self, intf: ShapedIntf, cmds: list[str], wire: list[tuple[str, int]]) -> None:
+    def add(self, intf: ShapedIntf, cmds: list[str], wire: list[Qdisc]) -> None:
         self.pending[intf.name] = (intf.node, cmds, wire)
 
     def __enter__(self) -> ShapingBatch:
@@ -297,7 +301,7 @@ class ShapingBatch:
         """Shape every collected interface; returns how many."""
         _run_batches("tc", [(node, c.removeprefix("tc ")) for node, cmds, _ in
                             self.pending.values() for c in cmds])
-        by_ns: dict[int | None, list[tuple[str, int]]] = {}
+        by_ns: dict[int | None, list[Qdisc]] = {}
         for node, _, wire in self.pending.values():
             by_ns.setdefault(node.pid if node.inNamespace else None, []).extend(wire)
         for pid, ports in by_ns.items():

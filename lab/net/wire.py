@@ -14,6 +14,7 @@ import os
 import socket
 import struct
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from controllers.marking import wire_size_table
 from lab.machine.netns import socket_in
@@ -29,12 +30,18 @@ _TCA_KIND, _TCA_STAB = 1, 8
 _TCA_STAB_BASE, _TCA_STAB_DATA = 1, 2
 _NLA_F_NESTED = 0x8000
 _TC_LINKLAYER_ETHERNET = 1
-#: The qdisc every shaped port shapes with (lab/net/links.py): htb, handle 1:, at the root
-#: or below a root netem. A size table below the root applies there too: a parent hands a
-#: packet to its child through qdisc_enqueue, which recounts it.
-_HTB_HANDLE, _HTB_KIND = 0x00010000, b"htb"
 #: tc's parent for a root qdisc.
 TC_H_ROOT = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class Qdisc:
+    """A qdisc of a port that gets the table: where it hangs, its handle and its kind."""
+
+    dev: str
+    parent: int = TC_H_ROOT
+    handle: int = 0x00010000          # the htb every shaped port has (lab/net/links.py)
+    kind: str = "htb"
 
 
 def _attr(kind: int, payload: bytes) -> bytes:
@@ -52,17 +59,17 @@ def _stab_attr() -> bytes:
                  _attr(_TCA_STAB_BASE, spec) + _attr(_TCA_STAB_DATA, data))
 
 
-def _request(ifindex: int, parent: int, seq: int) -> bytes:
-    body = (_TCMSG.pack(socket.AF_UNSPEC, ifindex, _HTB_HANDLE, parent, 0)
-            + _attr(_TCA_KIND, _HTB_KIND + b"\0") + _stab_attr())
+def _request(ifindex: int, q: Qdisc, seq: int) -> bytes:
+    body = (_TCMSG.pack(socket.AF_UNSPEC, ifindex, q.handle, q.parent, 0)
+            + _attr(_TCA_KIND, q.kind.encode() + b"\0") + _stab_attr())
     return _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), _RTM_NEWQDISC,
                            _NLM_F_REQUEST | _NLM_F_ACK, seq, 0) + body
 
 
-def count_wire_bytes(pid: int | None, ports: Iterable[tuple[str, int]]) -> None:
-    """Give the htb of each ``(device, its parent)`` in ``pid``'s namespace (this one's for
-    None) the wire size table; the first refusal is a TopologyError naming the port."""
-    devs = list(ports)
+def count_wire_bytes(pid: int | None, qdiscs: Iterable[Qdisc]) -> None:
+    """Give each of ``qdiscs`` (in ``pid``'s namespace, this one's for None) the wire size
+    table; the first refusal is a TopologyError naming the port."""
+    devs = list(qdiscs)
     if not devs:
         return
     box: dict[str, tuple[str, int, str]] = {}
@@ -72,9 +79,10 @@ def count_wire_bytes(pid: int | None, ports: Iterable[tuple[str, int]]) -> None:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
         sock.settimeout(10.0)
         sock.bind((0, 0))
-        for seq, (dev, parent) in enumerate(devs, start=1):
+        for seq, q in enumerate(devs, start=1):
+            dev = q.dev
             try:
-                sock.send(_request(socket.if_nametoindex(dev), parent, seq))
+                sock.send(_request(socket.if_nametoindex(dev), q, seq))
                 reply = sock.recv(1 << 16)
             except OSError as e:
                 box["error"] = (dev, e.errno or 0, str(e))

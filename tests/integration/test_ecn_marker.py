@@ -24,7 +24,7 @@ import pytest
 from controllers import ecn
 from lab.machine.environment import qdisc_available
 from lab.net.links import TSO_LIMIT, tc_commands
-from lab.net.wire import TC_H_ROOT, count_wire_bytes
+from lab.net.wire import Qdisc, count_wire_bytes
 
 RATE_MBIT = 50
 QUEUE_BYTES = 150_000
@@ -91,7 +91,7 @@ class Rig:
         # the lab's port layout, as lab/net/links.py gives every port
         for cmd in tc_commands(self.if_sb, RATE_MBIT, QUEUE_BYTES):
             self.ns(self.ns_s, *cmd.split())
-        count_wire_bytes(self.sleeper.pid, [(self.if_sb, TC_H_ROOT)])
+        count_wire_bytes(self.sleeper.pid, [Qdisc(self.if_sb)])
         self.spawn(self.ns_b, "iperf3", "-s", "-B", self.ip_b, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10

@@ -18,7 +18,7 @@ import pytest
 
 from controllers.marking import TCP_FRAME_HEADER_BYTES, WIRE_OVERHEAD_BYTES
 from lab.net.links import MAX_TSO_FRAMES, TSO_LIMIT, tc_commands
-from lab.net.wire import TC_H_ROOT, count_wire_bytes
+from lab.net.wire import Qdisc, count_wire_bytes
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, tc)")
 
@@ -48,7 +48,7 @@ def wire() -> Iterator[tuple[str, str, subprocess.Popen]]:
         for cmd in tc_commands("wa", RATE_MBIT, QUEUE):
             sh("ip", "netns", "exec", a, *cmd.split())
         time.sleep(0.2)                       # the holder is in its namespace
-        count_wire_bytes(holder.pid, [("wa", TC_H_ROOT)])
+        count_wire_bytes(holder.pid, [Qdisc("wa")])
         yield a, b, holder
     finally:
         if holder is not None:

@@ -15,10 +15,10 @@ from lab.net.links import (
     TSO_LIMIT,
     Netem,
     check_netem,
-    htb_parent,
     netem_limit_packets,
     root_netem_delay_ms,
     tc_commands,
+    wire_qdiscs,
 )
 from lab.net.topobase import refuse_without_netem
 from lab.net.topologies import describe, make_topology
@@ -187,5 +187,8 @@ def test_the_wire_size_table_counts_every_frame():
 
 def test_every_port_caps_its_tso_packets():
     assert f"gso_max_segs {MAX_TSO_FRAMES}" == TSO_LIMIT
-    assert htb_parent(Netem()) == 0xFFFFFFFF
-    assert htb_parent(Netem(delay_ms=1.0)) == 0x00020001
+    # the htb counts wire bytes; below a netem, the netem at the root too
+    assert [(q.parent, q.handle, q.kind) for q in wire_qdiscs("p", Netem())] == [
+        (0xFFFFFFFF, 0x00010000, "htb")]
+    assert [(q.parent, q.handle, q.kind) for q in wire_qdiscs("p", Netem(delay_ms=1.0))] == [
+        (0xFFFFFFFF, 0x00020000, "netem"), (0x00020001, 0x00010000, "htb")]

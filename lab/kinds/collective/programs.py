@@ -21,7 +21,7 @@ from lab.kinds.collective.gloo import GLOO_PORT
 from lab.kinds.collective.jobplan import Conn
 from lab.machine import programs
 from lab.model.errors import MachineError
-from lab.net.wire import TC_H_ROOT, count_wire_bytes
+from lab.net.wire import Qdisc, count_wire_bytes
 
 if TYPE_CHECKING:
     from lab.net.fabric import Fabric
@@ -78,7 +78,7 @@ class JobPrograms:
                 text, _, rc = out.rpartition("__rc=")
                 if rc.strip() != "0":
                     raise MachineError("storage", f"{h}: `{cmd}` failed: {text.strip()}")
-            count_wire_bytes(node.pid, [(dev, TC_H_ROOT)])
+            count_wire_bytes(node.pid, [Qdisc(dev)])
 
     def start_storage(self, pp: dict[str, Any], conns: list[Conn], work: Path,
                       duration_s: float
