@@ -63,7 +63,11 @@ def test_marking_cuts_retransmits_timeouts_and_queue_delay(result):
     assert ecn["retransmits"] < td["retransmits"] / 2
     assert ecn["tcp"].get("TCPTimeouts", 0) <= td["tcp"].get("TCPTimeouts", 0)
     assert qe["delay_ms"]["p99"] < qt["delay_ms"]["p99"]
-    assert ecn["step_p99_s"] <= td["step_p99_s"]
+    # ECN keeps the steps' tail at the wire's pace: no timeout, p99 within 10 % of the ideal
+    # (measured 239-243 ms against 238). Tail-drop's tail is longer only when a
+    # retransmission timeout fires (331 ms in one run of three, 240-242 in the others), so
+    # the two tails are not compared: without a timeout they tie within a millisecond.
+    assert ecn["step_p99_s"] <= ecn["ideal_comm_s"] * 1.1
 
 
 def test_ce_ece_cwr_are_on_the_wire(result):
