@@ -13,9 +13,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lab.machine.environment import guest_vm
+
 #: Seconds a program may take to say it is ready before it counts as hung. Only a guard:
 #: a Python start-up takes 0.2 s here but seconds under a VM's software CPU (TCG).
 READY_TIMEOUT_S = 60.0
+#: Under TCG the guard is this many times longer: eight gloo ranks importing torch at once
+#: took 75 s in the guest (one alone 14 s), and missed the rendezvous.
+TCG_READY_FACTOR = 4.0
+
+
+def ready_timeout_s() -> float:
+    """How long programs may take to get ready on this machine (``READY_TIMEOUT_S``, times
+    ``TCG_READY_FACTOR`` in a TCG guest)."""
+    vm = guest_vm()
+    tcg = vm is not None and vm.get("accelerator") == "tcg"
+    return READY_TIMEOUT_S * (TCG_READY_FACTOR if tcg else 1.0)
 
 
 def spawn(fabric: Any, host: str, argv: list[str], log: Path, what: str) -> subprocess.Popen:
@@ -30,11 +43,11 @@ def spawn(fabric: Any, host: str, argv: list[str], log: Path, what: str) -> subp
 def wait_ready(ready: list[Path], procs: list[Any],
                stop_at_death: bool = False) -> tuple[list[str], list[str]]:
     """Wait for each program's ready file; returns the files of those that exited without
-    one and of those still waiting when READY_TIMEOUT_S ran out.
+    one and of those still waiting when ``ready_timeout_s()`` ran out.
 
     ``stop_at_death``: return as soon as one has died.
     """
-    deadline = time.monotonic() + READY_TIMEOUT_S
+    deadline = time.monotonic() + ready_timeout_s()
     while True:
         dead = [str(r) for r, p in zip(ready, procs, strict=True)
                 if p.poll() is not None and not r.exists()]

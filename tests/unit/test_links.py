@@ -192,3 +192,15 @@ def test_every_port_caps_its_tso_packets():
         (0xFFFFFFFF, 0x00010000, "htb")]
     assert [(q.parent, q.handle, q.kind) for q in wire_qdiscs("p", Netem(delay_ms=1.0))] == [
         (0xFFFFFFFF, 0x00020000, "netem"), (0x00020001, 0x00010000, "htb")]
+
+
+def test_programs_get_longer_to_start_under_tcg(monkeypatch):
+    """Eight gloo ranks importing torch took 75 s in the TCG guest: the ready guard there
+    is TCG_READY_FACTOR times the host's."""
+    from lab.machine import programs
+    monkeypatch.setattr(programs, "guest_vm", lambda: None)
+    assert programs.ready_timeout_s() == programs.READY_TIMEOUT_S
+    monkeypatch.setattr(programs, "guest_vm", lambda: {"accelerator": "kvm"})
+    assert programs.ready_timeout_s() == programs.READY_TIMEOUT_S
+    monkeypatch.setattr(programs, "guest_vm", lambda: {"accelerator": "tcg"})
+    assert programs.ready_timeout_s() == programs.READY_TIMEOUT_S * programs.TCG_READY_FACTOR > 75

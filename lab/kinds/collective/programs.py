@@ -171,7 +171,7 @@ class JobPrograms:
                     "--straggler-s", str(job["straggler_s"]),
                     "--epoch-steps", str(job["epoch_steps"]), *extra,
                     # torch's import and rendezvous of N ranks on two cores: tens of seconds
-                    "--connect-timeout-s", str(programs.READY_TIMEOUT_S),
+                    "--connect-timeout-s", str(programs.ready_timeout_s()),
                     "--conns-out", str(work / f"rank{r}.conns.json"),
                     "--ready-file", str(work / f"rank{r}.ready"),
                     "--out", str(work / f"rank{r}.json")]

@@ -391,8 +391,8 @@ class EdgeRun:
                    "--bind", group[0].dst_ip, "--port", str(group[0].dport),
                    "--streams", str(len(group)),
                    # A guard against senders that never come, not a schedule: the senders
-                   # start after every player is ready, which may take programs.READY_TIMEOUT_S.
-                   "--timeout", f"{duration + programs.READY_TIMEOUT_S + 25:g}",
+                   # start after every player is ready, which may take programs.ready_timeout_s().
+                   "--timeout", f"{duration + programs.ready_timeout_s() + 25:g}",
                    "--ready-file", str(rf), "--out", str(work / f"{dst}.play.json")]
             procs.append(programs.spawn(self.fabric, dst, cmd, work / f"{dst}.play.log",
                                         f"player {dst}"))
