@@ -84,8 +84,10 @@ def tc_major(handle: str) -> int:
 WIRE_OVERHEAD_BYTES = 24
 #: The shortest frame on the wire: 64 bytes with its FCS, plus preamble and gap (tc's ``mpu``).
 WIRE_MIN_FRAME_BYTES = 84
-#: A full-size frame (1500-byte MTU, 14-byte Ethernet header) as the wire carries it.
-WIRE_FRAME_BYTES = 1514 + WIRE_OVERHEAD_BYTES
+#: A full-size frame as the kernel counts it: a 1500-byte MTU and the 14-byte Ethernet header.
+FRAME_BYTES = 1514
+#: The same frame as the wire carries it.
+WIRE_FRAME_BYTES = FRAME_BYTES + WIRE_OVERHEAD_BYTES
 #: TCP's payload in a full-size frame: 1500 - 20 (IP) - 32 (TCP with timestamps, Linux's
 #: default).
 TCP_MSS_BYTES = 1448
@@ -124,9 +126,9 @@ def htb_class_args(rate_mbit: float, ceil_mbit: float | None = None) -> str:
 
 #: TCP/IPv4 headers in front of each segment's payload, with the Ethernet header: 14 + 20 +
 #: 32 (timestamps on, Linux's default).
-TCP_FRAME_HEADER_BYTES = 1514 - TCP_MSS_BYTES
+TCP_FRAME_HEADER_BYTES = FRAME_BYTES - TCP_MSS_BYTES
 #: The size table covers every packet up to this length: a TSO packet of up to 5 full
-#: segments (the lab caps them at 4 frames, lab/net/links.py), and every single frame.
+#: segments (the lab caps them at ``MAX_TSO_FRAMES``), and every single frame.
 WIRE_TABLE_SLOTS = 8192
 
 
@@ -135,7 +137,7 @@ def wire_bytes(skb_len: int) -> int:
     included) costs on the wire: each frame's bytes plus ``WIRE_OVERHEAD_BYTES``, at least
     ``WIRE_MIN_FRAME_BYTES``. Longer than one full frame, it is a TCP TSO packet whose
     segments each repeat the headers (``TCP_FRAME_HEADER_BYTES``)."""
-    if skb_len <= 1514:
+    if skb_len <= FRAME_BYTES:
         return max(skb_len + WIRE_OVERHEAD_BYTES, WIRE_MIN_FRAME_BYTES)
     payload = skb_len - TCP_FRAME_HEADER_BYTES
     frames = -(-payload // TCP_MSS_BYTES)

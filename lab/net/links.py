@@ -26,7 +26,7 @@ from typing import Any
 
 from mininet.link import Intf, Link, TCIntf
 
-from controllers.marking import MAX_TSO_FRAMES, QUEUE_HANDLE, htb_class_args
+from controllers.marking import FRAME_BYTES, MAX_TSO_FRAMES, QUEUE_HANDLE, htb_class_args
 from lab.model.errors import TopologyError
 from lab.net.wire import Qdisc, count_wire_bytes
 
@@ -35,7 +35,7 @@ from lab.net.wire import Qdisc, count_wire_bytes
 #: microseconds; on a lab link it was 15-24 ms (measured mean 91 kB, max 148 kB behind a
 #: 50 Mbit/s host port), and every ACK the host sent for its incoming traffic waited
 #: behind it: a ring's hops ran at half rate for tens of milliseconds at a time.
-HOST_TSQ_BYTES = 2 * MAX_TSO_FRAMES * 1514
+HOST_TSQ_BYTES = 2 * MAX_TSO_FRAMES * FRAME_BYTES
 #: The sysctls every lab host gets for it (set per network namespace).
 HOST_TCP_SYSCTLS = f"net.ipv4.tcp_limit_output_bytes={HOST_TSQ_BYTES}"
 #: The longest one-way delay (and jitter) a link may be given: a path around the planet and

@@ -218,6 +218,7 @@ def incast_metrics(sink: dict[str, Any], senders: int, burst_bytes: int, gap_s: 
     total = senders * burst_bytes
     p50 = percentile(st, 50)
     algbw = total * 8 / p50 if p50 else 0.0
+    ideal = total * 8 / tcp_wire_ceiling_bps(bottleneck_bps)
     busy = sum(st)
     return {
         "pattern": "incast", "workers": senders + 1, "size_bytes": total, "steps": len(st),
@@ -230,9 +231,8 @@ def incast_metrics(sink: dict[str, Any], senders: int, burst_bytes: int, gap_s: 
         # Every byte crosses the receiver's link, so bus and algorithm bandwidth agree.
         "algbw_bps": round(algbw), "busbw_bps": round(algbw),
         "bottleneck_bps": bottleneck_bps,
-        "ideal_comm_s": round(total * 8 / tcp_wire_ceiling_bps(bottleneck_bps), 4),
-        "comm_vs_ideal": round(p50 / (total * 8 / tcp_wire_ceiling_bps(bottleneck_bps)), 3)
-        if p50 else 0.0,
+        "ideal_comm_s": round(ideal, 4),
+        "comm_vs_ideal": round(p50 / ideal, 3) if p50 else 0.0,
         "step_series": [{"step": s["step"], "step_s": s["step_s"],
                          "warmup": bool(s.get("warmup"))} for s in sink.get("steps", [])],
     }

@@ -21,7 +21,8 @@ from lab.kinds.collective.gloo import GLOO_PORT
 from lab.kinds.collective.jobplan import Conn
 from lab.machine import programs
 from lab.model.errors import MachineError
-from lab.net.wire import Qdisc, count_wire_bytes
+from lab.net.links import tc_commands, wire_qdiscs
+from lab.net.wire import count_wire_bytes
 
 if TYPE_CHECKING:
     from lab.net.fabric import Fabric
@@ -55,9 +56,9 @@ class JobPrograms:
             rate = intf.params["bw"]
             limit = intf.params["queue_bytes"]
             node.cmd(f"tc qdisc del dev {dev} root 2>/dev/null")
-            cmds = [f"tc qdisc add dev {dev} root handle 1: htb default " + ("11" if on else "1")]
             if on:
-                cmds += [
+                cmds = [
+                    f"tc qdisc add dev {dev} root handle 1: htb default 11",
                     f"tc class add dev {dev} parent 1: classid 1:1 {htb_class_args(rate)}",
                     f"tc class add dev {dev} parent 1:1 classid 1:11 "
                     f"{htb_class_args(rate * 0.95, rate)} prio 0",
@@ -68,17 +69,14 @@ class JobPrograms:
                     f"tc filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dport "
                     f"{kind.STORAGE_PORT} 0xffff flowid 1:12",
                 ]
-            else:
-                cmds += [
-                    f"tc class add dev {dev} parent 1: classid 1:1 {htb_class_args(rate)}",
-                    f"tc qdisc add dev {dev} parent 1:1 handle 10: bfifo limit {limit}",
-                ]
+            else:       # back to the layout every lab port has (lab/net/links.py)
+                cmds = tc_commands(dev, rate, limit)
             for cmd in cmds:
                 out = node.cmd(f"{cmd} 2>&1; echo __rc=$?")
                 text, _, rc = out.rpartition("__rc=")
                 if rc.strip() != "0":
                     raise MachineError("storage", f"{h}: `{cmd}` failed: {text.strip()}")
-            count_wire_bytes(node.pid, [Qdisc(dev)])
+            count_wire_bytes(node.pid, wire_qdiscs(dev, None))
 
     def start_storage(self, pp: dict[str, Any], conns: list[Conn], work: Path,
                       duration_s: float
