@@ -54,7 +54,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     results = run.run(args.scenario, out=Path(args.out) if args.out else None,
                       policy=args.policy, sets=args.set, duration=args.duration,
                       seed=args.seed, runtime=args.controller, live=args.live,
-                      progress=lambda msg: print(msg, flush=True))
+                      cluster=args.cluster, progress=lambda msg: print(msg, flush=True))
     for out_dir, result in results:
         result.setdefault("kind", "ecmp")
         _print_summary(out_dir, result)
@@ -113,9 +113,35 @@ def _cmd_policy_check(args: argparse.Namespace) -> int:
     return policycheck.main_check(args)
 
 
-def _cmd_clean(_args: argparse.Namespace) -> int:
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    """``fabriclab cluster``: set-up and facts of a cluster's workers, and the agent."""
+    from lab.machine import state, workers
+    from lab.model import cluster
+    if args.cluster_command == "facts":
+        print(json.dumps(workers.facts()))
+        return 0
+    state.require_root("fabriclab cluster")
+    if args.cluster_command == "agent":
+        from lab.measure import agent
+        with state.signals_as_exit():
+            return agent.serve(args.run_id)
+    spec = cluster.load(args.file)
+    progress = (lambda msg: print(msg, flush=True))  # noqa: E731
+    if args.cluster_command == "setup":
+        workers.setup(spec, progress)
+    else:
+        workers.check(spec, progress)
+    return 0
+
+
+def _cmd_clean(args: argparse.Namespace) -> int:
     from lab.machine import state
     state.require_root()
+    if args.cluster:
+        from lab.machine import workers
+        from lab.model import cluster
+        if workers.clean(cluster.load(args.cluster), lambda m: print(m, flush=True)):
+            return 1
     dead, alive = state.stale_records()
     for rec in alive:
         print(f"run {rec.run_id} (pid {rec.owner_pid}) is still running: left alone")
@@ -243,6 +269,8 @@ def _cmd_vm(args: argparse.Namespace) -> int:
         if args.vm_command == "build":
             vm.build(progress, force=args.force)
             return 0
+        if args.vm_command == "cluster":
+            return _vm_cluster(args, progress)
         if args.vm_command == "shell":
             return vm.shell(Path(args.out) if args.out else run.default_out_dir("vm-shell"))
         if args.vm_command == "exec":
@@ -268,6 +296,28 @@ def _cmd_vm(args: argparse.Namespace) -> int:
         raise
 
 
+def _vm_cluster(args: argparse.Namespace, progress: Any) -> int:
+    from lab.machine import vmcluster
+    if args.vm_cluster_command == "up":
+        c = vmcluster.up(args.workers, progress)
+        for i, m in enumerate(c.members, 1):
+            print(f"{m.name}: {m.address}; ssh from here: fabriclab vm cluster exec "
+                  f"--worker {i} -- CMD")
+        print(f"head: w1, cluster file there: {vmcluster.GUEST_CLUSTER_FILE}")
+        return 0
+    if args.vm_cluster_command == "down":
+        left = vmcluster.down()
+        print(f"vm cluster stopped: {left['processes']} processes")
+        return 0
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    c = vmcluster.VmCluster.load()
+    if not 1 <= args.worker <= len(c.members):
+        from lab.model.errors import ScenarioError
+        raise ScenarioError("worker", f"{args.worker}: 1 to {len(c.members)}")
+    line = vmcluster.exec_line(cmd) if cmd else ""
+    return c.exec(line, args.worker - 1, tty=not cmd and sys.stdin.isatty()).returncode
+
+
 def _cmd_grade(args: argparse.Namespace) -> int:
     """Grade one answer (or a folder of them) to a lesson's code exercise on real packets."""
     from lab import grade
@@ -291,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     _report_parsers(sub)
     _topo_parser(sub)
     _vm_parser(sub)
+    _cluster_parser(sub)
     gr = sub.add_parser("grade", help="check an answer to a lesson's code exercise on real "
                                       "packets: one line per check (exit 0: all pass)")
     gr.add_argument("file", nargs="?", help="the answer (.py); its EXERCISE line names the "
@@ -324,6 +375,9 @@ def _run_parser(sub: Subparsers) -> None:
     r.add_argument("--live", action="store_true",
                    help="serve a live view of the links on 127.0.0.1 while it runs "
                         "(the URL is printed at the start)")
+    r.add_argument("--cluster", metavar="FILE",
+                   help="split the fabric over the machines of this cluster file "
+                        "(Mininet's cluster edition; see `fabriclab cluster`)")
     r.add_argument("--dry-run", action="store_true",
                    help="check everything and print the expected fidelity on this machine "
                         "(bench/scale.py's measurements); start nothing")
@@ -384,6 +438,8 @@ def _report_parsers(sub: Subparsers) -> None:
 
 def _topo_parser(sub: Subparsers) -> None:
     c = sub.add_parser("clean", help="remove what killed runs left behind (by record)")
+    c.add_argument("--cluster", metavar="FILE",
+                   help="also on every worker of this cluster file (over ssh)")
     c.set_defaults(func=_cmd_clean)
     t = sub.add_parser("topo", help="bring up a fabric (with --cli: Mininet's CLI on it; "
                                    "with --workers N: only plan its split over N machines)")
@@ -427,7 +483,32 @@ def _vm_parser(sub: Subparsers) -> None:
     ve.add_argument("cmd", nargs=argparse.REMAINDER)
     vs = vsub.add_parser("shell", help="a root shell on the VM's console (for a class)")
     vs.add_argument("--out", help="a folder on this machine the guest sees as /mnt/out")
+    vc = vsub.add_parser("cluster", help="several VMs joined by a network only they see: "
+                                         "a cluster's workers on this machine")
+    vcs = vc.add_subparsers(dest="vm_cluster_command", required=True)
+    vcu = vcs.add_parser("up", help="boot the VMs; the first is the head, its cluster file "
+                                    "is /etc/fabriclab/cluster.yaml")
+    vcu.add_argument("--workers", type=int, default=2, metavar="N")
+    vcs.add_parser("down", help="stop the VMs and remove what `up` made")
+    vce = vcs.add_parser("exec", help="run a command on a VM over ssh (default: the head)")
+    vce.add_argument("--worker", type=int, default=1, metavar="I", help="1 = the head")
+    vce.add_argument("cmd", nargs=argparse.REMAINDER)
     v.set_defaults(func=_cmd_vm)
+
+
+def _cluster_parser(sub: Subparsers) -> None:
+    cl = sub.add_parser("cluster", help="the machines a fabric is split over (`fabriclab run "
+                                        "--cluster FILE`)")
+    csub = cl.add_subparsers(dest="cluster_command", required=True)
+    cs = csub.add_parser("setup", help="bring every worker to this checkout (copied over "
+                                       "ssh, then lab/provision.sh) and check them")
+    cs.add_argument("file", help="the cluster file")
+    cc = csub.add_parser("check", help="check every worker: reachable, same lab, not busy")
+    cc.add_argument("file", help="the cluster file")
+    csub.add_parser("facts", help="this machine's lab, tools and lock, as JSON")
+    ca = csub.add_parser("agent", help="(started by a cluster run over ssh) a worker's agent")
+    ca.add_argument("run_id")
+    cl.set_defaults(func=_cmd_cluster)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,14 +21,18 @@ from typing import Any
 
 from controllers import policies as policy_registry
 from lab import kinds
+from lab.analysis import partition
 from lab.kinds.base import Plan, Progress
 from lab.machine import environment, state
 from lab.measure import live as measure_live
+from lab.measure import telemetry
 from lab.model import capacity, scenario
+from lab.model import cluster as cluster_model
 from lab.model.errors import MachineError
 from lab.model.flows import FlowSpec
 from lab.model.policies import policy_names
 from lab.model.result import validate
+from lab.net.cluster import ClusterRun
 from lab.net.fabric import Fabric
 from lab.net.topobase import refuse_without_netem
 from lab.net.topologies import build_defaults, describe, make_topology
@@ -136,12 +140,51 @@ def default_out_dir(scenario_name: str) -> Path:
     return Path("results") / f"{scenario_name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+#: Topologies a cluster run can split: the Clos fabrics the partition plan knows.
+CLUSTER_TOPOLOGIES = ("leafspine", "fattree")
+
+
+def plan_cluster(path: str | Path, plan: Plan, progress: Progress = print) -> ClusterRun:
+    """The cluster file checked and the plan's fabric placed on its workers (FabricLab's
+    partition plan), before anything is started; a warning when the tunnels' planned
+    traffic exceeds a worker's stated NIC rate."""
+    spec = cluster_model.load(path)
+    if plan.topo_desc["type"] not in CLUSTER_TOPOLOGIES:
+        raise cluster_model.ClusterError(
+            "cluster", f"the {plan.topo_desc['type']} topology cannot be split over "
+            f"machines yet (only {', '.join(CLUSTER_TOPOLOGIES)})")
+    part = partition.partition(plan.topo_desc, len(spec.workers))
+    where = {node: spec.workers[i].name for node, i in part.assignment.items()}
+    for w, planned in zip(spec.workers, part.workers, strict=True):
+        if w.nic_mbps is not None and planned.tunnel_mbps > w.nic_mbps:
+            progress(f"[cluster] warning: {w.name}'s tunnels carry up to "
+                     f"{planned.tunnel_mbps:g} Mbit/s each way at full load, more than its "
+                     f"NIC's {w.nic_mbps:g}: the NIC, not the emulated links, may be the "
+                     "bottleneck")
+    return ClusterRun(spec, where)
+
+
+def cluster_section(cluster: ClusterRun, result: dict[str, Any]) -> dict[str, Any]:
+    """result.json's ``cluster``: the workers, the placement, every tunnel with its bytes
+    and drops (its two ends are ports like any other), each worker's least idle second
+    and the lab's own CPU on it, and the clock offsets."""
+    where = cluster.where
+    tunnels = [{"node": e["node"], "peer": e["peer"], "intf": e["intf"],
+                "worker": where[e["node"]], "peer_worker": where[e["peer"]],
+                "tx_bytes": e["tx_bytes"], "tx_packets": e["tx_packets"], "drops": e["drops"]}
+               for e in result.get("links", []) if where.get(e["peer"]) not in
+               (None, where.get(e["node"]))]
+    return {**cluster.summary(), "tunnels": tunnels,
+            "fidelity": cluster.fidelity, "removed": cluster.removed}
+
+
 @contextmanager
 def fabric_session(label: str, topo: Any, env: environment.Environment, runtime: str,
-                   policy: str, seed: int) -> Iterator[Fabric]:
+                   policy: str, seed: int,
+                   cluster: ClusterRun | None = None) -> Iterator[Fabric]:
     """Lock the lab, record the run, yield an unstarted fabric; tear down on any exit."""
     with state.run_session(label) as (record, work):
-        fabric = Fabric(topo, env, runtime, policy, seed, work, record)
+        fabric = Fabric(topo, env, runtime, policy, seed, work, record, cluster)
         try:
             with state.signals_as_exit():
                 yield fabric
@@ -149,7 +192,8 @@ def fabric_session(label: str, topo: Any, env: environment.Environment, runtime:
             fabric.stop()
 
 
-def execute(plan: Plan, out_dir: Path, progress: Progress = print) -> dict[str, Any]:
+def execute(plan: Plan, out_dir: Path, progress: Progress = print,
+            cluster: ClusterRun | None = None) -> dict[str, Any]:
     """Run one plan on a fresh fabric; returns the result (also written to out_dir).
 
     The one template for every kind (``lab.kinds.base``): the kind's own checks, the lab's
@@ -161,7 +205,8 @@ def execute(plan: Plan, out_dir: Path, progress: Progress = print) -> dict[str, 
     out_dir.mkdir(parents=True, exist_ok=True)
     t_run = time.monotonic()
     with fabric_session(f"{plan.scenario.name}-{plan.policy_label}", plan.topology(), plan.env,
-                        plan.runtime, plan.policy, int(plan.params["seed"])) as fabric:
+                        plan.runtime, plan.policy, int(plan.params["seed"]),
+                        cluster) as fabric:
         try:
             result = kind.run(plan, fabric, progress, prepared)
             if plan.expected is not None:
@@ -172,6 +217,16 @@ def execute(plan: Plan, out_dir: Path, progress: Progress = print) -> dict[str, 
                 kind.keep_logs(fabric.run_dir, out_dir)
     timings = result.setdefault("timings", {})
     timings.update({k: round(v, 3) for k, v in fabric.timings.items()})
+    if cluster is not None:
+        timings.update({k: round(v, 3) for k, v in cluster.timings.items()})
+        result["cluster"] = cluster_section(cluster, result)
+        bad = cluster.invalid_because() + [
+            f"worker {name} CPU-bound: least idle second {f['cpu_idle_min_pct']:.0f}% "
+            f"(< {telemetry.MIN_CPU_IDLE_PCT:g}%)" for name, f in cluster.fidelity.items()
+            if float(f["cpu_idle_min_pct"] or 0.0) < telemetry.MIN_CPU_IDLE_PCT]
+        if bad:
+            result["fidelity"]["valid"] = False
+            result["fidelity"].setdefault("notes", []).extend(bad)
     timings["wall_s"] = round(time.monotonic() - t_run, 3)
     write_result(result, out_dir)
     return result
@@ -227,13 +282,20 @@ def live_view(plans: list[Plan], progress: Progress, on: bool) -> Iterator[Progr
 
 
 def run(name: str, out: Path | None = None, progress: Progress = print, live: bool = False,
+        cluster: str | Path | None = None,
         **kwargs: Any) -> list[tuple[Path, dict[str, Any]]]:
     """Validate, then execute one plan per policy. Returns [(result dir, result)].
 
     With ``live``, a page on 127.0.0.1 shows the fabric's links as they run, from before
-    the first plan's bring-up until the last report is written.
+    the first plan's bring-up until the last report is written. With ``cluster`` (a cluster
+    file), each plan's fabric is split over the file's workers (``lab.net.cluster``).
     """
     plans = make_plans(name, **kwargs)
+    if cluster is not None:
+        if live:
+            raise cluster_model.ClusterError("live", "the live view shows this machine's "
+                                             "ports only: not with --cluster")
+        plan_cluster(cluster, plans[0], progress)      # refused here, before anything
     for plan in plans:           # before anything starts: a warning, not a refusal
         if plan.expected is not None and plan.expected.verdict == "invalid":
             progress(expectation_line(plan))
@@ -242,7 +304,8 @@ def run(name: str, out: Path | None = None, progress: Progress = print, live: bo
     with live_view(plans, progress, live) as progress:
         for plan in plans:
             out_dir = base if len(plans) == 1 else base / plan.policy_label
-            done.append((out_dir, execute(plan, out_dir, progress)))
+            split = plan_cluster(cluster, plan, lambda _m: None) if cluster else None
+            done.append((out_dir, execute(plan, out_dir, progress, split)))
             measure_live.set_phase("writing the report")
             write_report_quietly(out_dir, progress)
     if len(plans) > 1:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Inside a `fabriclab vm` guest: the job runner, started once per boot by fabriclab-job.service
-# when the kernel command line carries fabriclab.job=run|shell. Installed into the image at
+# when the kernel command line carries fabriclab.job=run|shell|cluster. Installed into the image at
 # build time as /usr/local/sbin/fabriclab-vm-job.
 #
 # The host shares two folders over virtio-9p: `job` (this boot's job.sh, the checkout as a
@@ -38,4 +38,6 @@ rc=0
 run_job > /mnt/job/job.log 2>&1 < /dev/null || rc=$?
 echo "$rc" > /mnt/job/rc.tmp && mv /mnt/job/rc.tmp /mnt/job/rc
 sync
-systemctl --no-block poweroff
+# A cluster member stays up after its job (which started sshd): `fabriclab vm cluster down`
+# stops its QEMU.
+[ "$mode" = cluster ] || systemctl --no-block poweroff

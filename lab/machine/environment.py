@@ -10,6 +10,7 @@ the machine's.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -160,6 +161,8 @@ def pick_runtime(runtimes: dict[str, str | None], wanted: str | None) -> str:
 
 #: Set by ``fabriclab vm``'s guest job (lab/vm_guest.sh) to the VM's facts, as JSON.
 VM_ENV = "FABRICLAB_VM"
+#: The same facts, where a guest that stays up (a VM cluster's) keeps them for its logins.
+VM_FILE = Path("/etc/fabriclab/vm.json")
 
 
 #: The rate profile of a VM without hardware virtualisation: every rate and size x 1/8
@@ -188,8 +191,11 @@ def guest_vm() -> dict[str, object] | None:
     process costs ~10x, which is what its fidelity numbers then describe.
     """
     raw = os.environ.get(VM_ENV)
-    if not raw:
-        return None
+    if not raw:                       # a cluster guest's ssh sessions: the boot's own file
+        try:
+            raw = VM_FILE.read_text()
+        except OSError:
+            return None
     try:
         facts = json.loads(raw)
     except ValueError:
@@ -242,3 +248,26 @@ def detect(runtime: str | None = None, probe_runtimes: bool = True) -> Environme
         chosen = pick_runtime(runtimes, runtime)
         env.controller = f"{chosen} {runtimes[chosen]}"
     return env
+
+
+#: What decides the lab's behaviour on a machine: its code and its scenarios.
+_VERSION_PARTS = ("lab", "controllers", "scenarios", "setup.py")
+_VERSION_SUFFIXES = (".py", ".sh", ".c", ".yaml", ".yml", ".txt")
+
+
+def lab_version() -> str:
+    """A hash of the lab's code as checked out here.
+
+    Not a git commit: a worker's checkout is a copy (``fabriclab cluster setup``, or the VM
+    lane's tarball) without ``.git``. Two machines with the same hash run the same lab.
+    """
+    h = hashlib.sha256()
+    files: list[Path] = []
+    for part in _VERSION_PARTS:
+        p = REPO_ROOT / part
+        files += [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()
+                                           and f.suffix in _VERSION_SUFFIXES
+                                           and "__pycache__" not in f.parts]
+    for f in sorted(files):
+        h.update(str(f.relative_to(REPO_ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]

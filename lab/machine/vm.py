@@ -52,14 +52,15 @@ SECURITY_MIRROR = os.environ.get("FABRICLAB_VM_SECURITY_MIRROR",
                                  "http://deb.debian.org/debian-security")
 #: What a bootable guest needs beyond the lab's own packages (lab/packages.txt).
 BASE_PACKAGES = ("linux-image-amd64", "initramfs-tools", "systemd-sysv", "udev", "kmod",
-                 "make", "tar")
+                 "make", "tar", "sudo", "openssh-server", "openssh-client", "rsync")
 #: Kernel modules loaded at boot: the 9p shares, and the full-kernel paths the lab probes.
-GUEST_MODULES = ("9p", "9pnet_virtio", "openvswitch", "sch_netem", "sch_red", "tcp_dctcp")
+GUEST_MODULES = ("9p", "9pnet_virtio", "openvswitch", "sch_netem", "sch_red", "tcp_dctcp",
+                 "ip_gre")
 #: Files whose content decides the image: a change to any rebuilds it.
 IMAGE_INPUTS = ("lab/packages.txt", "setup.py", "lab/provision.sh", "lab/setup.sh",
                 "lab/vm_guest.sh")
 #: Bumped when the way an image is made changes in a way ``recipe()`` does not show.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 GUEST_REPO = "/fabriclab"
 GUEST_WHEELS = "/opt/fabriclab/wheels"
 #: The guest's pip takes packages from the wheelhouse only (it cannot reach a registry).
@@ -241,8 +242,11 @@ def _customise(root: Path) -> None:
         "".join(f"export {k}={v}\n" for k, v in GUEST_PIP_ENV.items()))
     # Timers that would wake up during a measurement, in a guest that never sees a network;
     # FRR runs only inside the lab's routers (set-up disables the service too).
+    # sshd is started by a cluster member's job only, on the cluster's addresses
+    # (``lab.machine.vmcluster``), not by every boot on every address.
     for unit in ("apt-daily.timer", "apt-daily-upgrade.timer", "man-db.timer",
-                 "e2scrub_all.timer", "fstrim.timer", "frr.service"):
+                 "e2scrub_all.timer", "fstrim.timer", "frr.service", "ssh.service",
+                 "ssh.socket"):
         link = root / "etc/systemd/system" / unit
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
@@ -354,11 +358,19 @@ class Boot:
     """One QEMU boot of an image, recorded, with a throwaway overlay unless told otherwise."""
 
     def __init__(self, image: Image, record: state.RunRecord, mode: str = "run",
-                 out_dir: Path | None = None, writable_base: bool = False) -> None:
+                 out_dir: Path | None = None, writable_base: bool = False,
+                 name: str = "", vcpus: int = VCPUS, memory_mb: int = MEMORY_MB,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.image = image
         self.record = record
         self.mode = mode
-        self.dir = CACHE_DIR / "boots" / record.run_id
+        #: A guest of several under one record (a cluster's members) has its own folder.
+        self.dir = CACHE_DIR / "boots" / record.run_id / name if name else \
+            CACHE_DIR / "boots" / record.run_id
+        self.vcpus = vcpus
+        self.memory_mb = memory_mb
+        #: More QEMU arguments (a cluster member's network devices).
+        self.extra_args = extra_args
         self.share = self.dir / "job"
         self.out_dir = out_dir
         self.writable_base = writable_base
@@ -378,7 +390,7 @@ class Boot:
 
     def facts(self) -> dict[str, object]:
         """What a result made in this guest records as ``environment.vm``."""
-        return {"accelerator": self.accel, "vcpus": VCPUS, "memory_mb": MEMORY_MB,
+        return {"accelerator": self.accel, "vcpus": self.vcpus, "memory_mb": self.memory_mb,
                 "qemu": qemu.qemu_version(), "image": self.image.path.name}
 
     def prepare(self, job: str, env: dict[str, str]) -> None:
@@ -404,7 +416,7 @@ class Boot:
         accel = ["-accel", "kvm", "-cpu", "host"] if self.accel == "kvm" else \
             ["-accel", "tcg,thread=multi", "-cpu", "max"]
         cmd = ["qemu-system-x86_64", "-name", f"fabriclab-{self.record.run_id}", *accel,
-               "-smp", str(VCPUS), "-m", str(MEMORY_MB),
+               "-smp", str(self.vcpus), "-m", str(self.memory_mb),
                "-kernel", str(self.image.kernel), "-initrd", str(self.image.initrd),
                "-append", f"console=ttyS0,115200 root=/dev/vda rw panic=-1 loglevel=4 "
                           f"fabriclab.job={self.mode}",
@@ -413,6 +425,7 @@ class Boot:
         if self.out_dir is not None:
             cmd += ["-virtfs", f"local,path={self.out_dir},mount_tag=out,"
                                f"security_model=none,id=out"]
+        cmd += list(self.extra_args)
         if self.mode == "shell":
             cmd += ["-serial", "mon:stdio"]
         else:
@@ -423,10 +436,12 @@ class Boot:
         cmd = self.command()
         # stdin/stdout stay the user's only for an interactive shell.
         quiet = self.mode != "shell"
+        # A cluster member outlives the command that booted it (and its terminal).
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL if quiet else None,
             stdout=subprocess.DEVNULL if quiet else None,
-            stderr=open(self.dir / "qemu.err", "wb") if quiet else None)  # noqa: SIM115
+            stderr=open(self.dir / "qemu.err", "wb") if quiet else None,  # noqa: SIM115
+            start_new_session=self.mode == "cluster")
         self.record.add_pid(self.proc.pid, "qemu")
 
     def stop(self) -> None:
@@ -489,7 +504,7 @@ class Boot:
         self.prepare(job, env or {})
         try:
             self.start()
-            progress(f"vm: booting ({self.accel}, {VCPUS} vCPUs, {MEMORY_MB} MiB)")
+            progress(f"vm: booting ({self.accel}, {self.vcpus} vCPUs, {self.memory_mb} MiB)")
             t = time.monotonic()
             self.wait_started(BOOT_TIMEOUT_S)
             progress(f"vm: guest ready in {time.monotonic() - t:.1f} s")
@@ -521,7 +536,7 @@ def recorded(label: str) -> Iterator[state.RunRecord]:
 #: Runs in the guest before every job: the set-up entry point again (idempotent: it starts
 #: Open vSwitch on the kernel datapath and allows the congestion controls), quietly unless
 #: it fails.
-_SETUP = ("bash lab/setup.sh > /tmp/fabriclab-setup.log 2>&1 || "
+SETUP_STEP = ("bash lab/setup.sh > /tmp/fabriclab-setup.log 2>&1 || "
           "{ cat /tmp/fabriclab-setup.log; exit 3; }")
 
 
@@ -534,7 +549,7 @@ def execute(job: str, out_dir: Path | None, progress: Progress = print,
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
         boot = Boot(image, record, mode="run", out_dir=out_dir)
-        return boot.run_job(f"{_SETUP}\n{job}", progress, sink=sink)
+        return boot.run_job(f"{SETUP_STEP}\n{job}", progress, sink=sink)
 
 
 def shell(out_dir: Path) -> int:
@@ -544,7 +559,7 @@ def shell(out_dir: Path) -> int:
     with recorded("shell") as record:
         out_dir.mkdir(parents=True, exist_ok=True)
         boot = Boot(image, record, mode="shell", out_dir=out_dir)
-        boot.prepare(_SETUP, {})
+        boot.prepare(SETUP_STEP, {})
         try:
             print("fabriclab vm shell: Ctrl-A X quits QEMU; 'poweroff' in the guest leaves",
                   flush=True)

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from lab.machine import remote
 from lab.measure import live
 from lab.measure.netlink import LinkCounters, netlink
 
@@ -53,8 +54,39 @@ class PortSnapshot:
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")       # the unit of /proc/<pid>/stat CPU times
 
 
+def by_worker(ports: list[Port]) -> dict[remote.Agent | None, list[Port]]:
+    """Ports grouped by the agent of the worker they are on (None: this machine's).
+
+    On one machine every port is this machine's; in a cluster (``lab.machine.remote``) a
+    port is read where its switch runs, by the same code, and the answers merged.
+    """
+    placement = remote.current()
+    groups: dict[remote.Agent | None, list[Port]] = {}
+    for p in ports:
+        groups.setdefault(placement.agent_of(p.node) if placement else None, []).append(p)
+    return groups
+
+
+def _port_args(ports: list[Port]) -> list[list[Any]]:
+    return [[p.node, p.port, p.peer, p.intf, p.bw_mbps] for p in ports]
+
+
+def _remote_snapshot(agent: remote.Agent, ports: list[Port],
+                     drained: bool) -> dict[Port, PortSnapshot]:
+    got = agent.request("snapshot", ports=_port_args(ports), drained=drained)["ports"]
+    return {p: PortSnapshot(**got[p.intf]) for p in ports}
+
+
 def snapshot(ports: list[Port]) -> dict[Port, PortSnapshot]:
-    """Every port's counters and queue, from one link dump and one qdisc dump."""
+    """Every port's counters and queue, from one link dump and one qdisc dump (per worker)."""
+    snap: dict[Port, PortSnapshot] = {}
+    for agent, mine in by_worker(ports).items():
+        snap.update(_local_snapshot(mine) if agent is None
+                    else _remote_snapshot(agent, mine, drained=False))
+    return snap
+
+
+def _local_snapshot(ports: list[Port]) -> dict[Port, PortSnapshot]:
     if not ports:
         return {}
     nl = netlink()
@@ -106,6 +138,17 @@ class TxBytes:
 
 def drained_snapshot(ports: list[Port], timeout_s: float = 3.0,
                      poll_s: float = 0.05) -> dict[Port, PortSnapshot]:
+    """A snapshot once every queue is empty and no port is sending any more (each
+    worker's ports read where they are: :func:`local_drained_snapshot`)."""
+    snap: dict[Port, PortSnapshot] = {}
+    for agent, mine in by_worker(ports).items():
+        snap.update(local_drained_snapshot(mine, timeout_s, poll_s) if agent is None
+                    else _remote_snapshot(agent, mine, drained=True))
+    return snap
+
+
+def local_drained_snapshot(ports: list[Port], timeout_s: float = 3.0,
+                           poll_s: float = 0.05) -> dict[Port, PortSnapshot]:
     """A snapshot once every queue is empty and no port is sending any more.
 
     Senders stop when their last byte is handed to the network, not when it arrives; bytes
@@ -113,11 +156,11 @@ def drained_snapshot(ports: list[Port], timeout_s: float = 3.0,
     the links (measured: up to a queue's worth, 120 kB, per port). Waiting for the queues
     to drain makes the link and flow counters describe the same packets.
     """
-    prev = snapshot(ports)
+    prev = _local_snapshot(ports)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(poll_s)
-        cur = snapshot(ports)
+        cur = _local_snapshot(ports)
         if all(c.backlog_bytes == 0 and c.tx_bytes == prev[p].tx_bytes
                for p, c in cur.items()):
             return cur
@@ -211,10 +254,19 @@ class Sampler(threading.Thread):
         self.lab_cpu: list[tuple[float, dict[int, int]]] = []
         self._stop_evt = threading.Event()
         self.t0 = 0.0
+        groups = by_worker(ports)
+        #: This machine's ports; the others are sampled by their workers' agents.
+        self.local = groups.pop(None, [])
+        self.remote = groups
+        #: Per remote worker, its CPU samples (as ``cpu`` and ``lab_cpu``), on this clock.
+        self.worker_cpu: dict[str, list[tuple[float, int, int]]] = {}
+        self.worker_lab_cpu: dict[str, list[tuple[float, dict[int, int]]]] = {}
 
     def run(self) -> None:
         self.t0 = time.monotonic()
-        tx = TxBytes([p.intf for p in self.ports])
+        for agent, mine in self.remote.items():
+            agent.request("sample_start", ports=_port_args(mine), hz=1.0 / self.period)
+        tx = TxBytes([p.intf for p in self.local])
         try:
             self._sample(tx)
         finally:
@@ -227,8 +279,8 @@ class Sampler(threading.Thread):
         feed = live.current()
         if feed is not None:
             feed.publish(time.monotonic(), {(p.node, p.port): sent[p.intf]
-                                            for p in self.ports if p.intf in sent})
-        return {p: (sent.get(p.intf, 0), q.get(p.intf, (0, 0))[1]) for p in self.ports}
+                                            for p in self.local if p.intf in sent})
+        return {p: (sent.get(p.intf, 0), q.get(p.intf, (0, 0))[1]) for p in self.local}
 
     def _sample(self, tx: TxBytes) -> None:
         prev = self._tick(tx)
@@ -244,7 +296,7 @@ class Sampler(threading.Thread):
             now = time.monotonic()
             cur = self._tick(tx)
             dt = max(now - prev_t, 1e-6)
-            for p in self.ports:
+            for p in self.local:
                 s = self.series[p]
                 s.t.append(round(now - self.t0, 4))
                 s.tx_bps.append((cur[p][0] - prev[p][0]) * 8 / dt)
@@ -253,15 +305,18 @@ class Sampler(threading.Thread):
             self.cpu.append((now - self.t0, *cpu_times()))
             self.lab_cpu.append((now - self.t0, lab_cpu_ticks(self.controller)))
 
-    def cpu_idle_pct(self, t_from: float, t_to: float, window_s: float = 1.0) -> list[float]:
-        """Idle CPU (all cores) in consecutive ``window_s`` windows between two sample times.
+    def cpu_idle_pct(self, t_from: float, t_to: float, window_s: float = 1.0,
+                     cpu: list[tuple[float, int, int]] | None = None) -> list[float]:
+        """Idle CPU (all cores) in consecutive ``window_s`` windows between two sample times
+        (of this machine, or of the samples ``cpu`` of another worker).
 
         Windows start at ``t_from`` (the traffic phase), so the lab's own set-up before it
         does not count against the emulation; a final partial window shorter than half a
         window is dropped as too noisy.
         """
         out = []
-        pts = [c for c in self.cpu if t_from - self.period <= c[0] <= t_to + self.period]
+        pts = [c for c in (self.cpu if cpu is None else cpu)
+               if t_from - self.period <= c[0] <= t_to + self.period]
         i = 0
         while i < len(pts) - 1:
             j = i
@@ -279,18 +334,35 @@ class Sampler(threading.Thread):
         its least, the lab's own CPU, and the window in seconds from ``t_counters`` (when the
         phase's counters were read), so a result says which seconds it judged."""
         idle = [round(x, 1) for x in self.cpu_idle_pct(t_from, t_to)]
-        return {"cpu_idle_pct": idle, "cpu_idle_min_pct": min(idle, default=100.0),
-                "lab_cpu_pct": self.lab_cpu_pct(t_from, t_to),
-                "window_s": [round(t_from - t_counters, 3), round(t_to - t_counters, 3)]}
+        judged = {"cpu_idle_pct": idle, "cpu_idle_min_pct": min(idle, default=100.0),
+                  "lab_cpu_pct": self.lab_cpu_pct(t_from, t_to),
+                  "window_s": [round(t_from - t_counters, 3), round(t_to - t_counters, 3)]}
+        placement = remote.current()
+        if placement is not None:
+            # Valid only if every worker had CPU to spare: the least idle second of all.
+            workers = {placement.head: {"cpu_idle_min_pct": judged["cpu_idle_min_pct"],
+                                        "lab_cpu_pct": judged["lab_cpu_pct"]}}
+            for name, cpu in self.worker_cpu.items():
+                theirs = [round(x, 1) for x in self.cpu_idle_pct(t_from, t_to, cpu=cpu)]
+                workers[name] = {"cpu_idle_min_pct": min(theirs, default=100.0),
+                                 "lab_cpu_pct": self.lab_cpu_pct(
+                                     t_from, t_to, self.worker_lab_cpu.get(name))}
+            for name, w in workers.items():
+                placement.judged(name, w["cpu_idle_min_pct"], w["lab_cpu_pct"])
+            judged["workers"] = workers
+            judged["cpu_idle_min_pct"] = min(w["cpu_idle_min_pct"] for w in workers.values())
+        return judged
 
-    def lab_cpu_pct(self, t_from: float, t_to: float) -> float | None:
+    def lab_cpu_pct(self, t_from: float, t_to: float,
+                    samples: list[tuple[float, dict[int, int]]] | None = None) -> float | None:
         """CPU the lab's own processes used between two sample times, in % of one core
         (up to 100 x cores), so a CPU-bound run shows how much of it was the lab's doing.
 
         Summed sample to sample per process: a controller restarted mid-phase counts from
         its start; the last moments of one that died are not seen. None without two samples.
         """
-        pts = [c for c in self.lab_cpu if t_from - self.period <= c[0] <= t_to + self.period]
+        pts = [c for c in (self.lab_cpu if samples is None else samples)
+               if t_from - self.period <= c[0] <= t_to + self.period]
         if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
             return None
         ticks = 0
@@ -300,7 +372,29 @@ class Sampler(threading.Thread):
 
     def stop(self) -> None:
         self._stop_evt.set()
+        if self.ident is None:          # never started (the run failed before its traffic)
+            return
         self.join(timeout=5)
+        placement = remote.current()
+        for agent, mine in self.remote.items():
+            self._merge(agent, mine, placement.offsets[agent.name].offset_s
+                        if placement and agent.name in placement.offsets else 0.0)
+        self.remote = {}
+
+    def _merge(self, agent: remote.Agent, ports: list[Port], offset_s: float) -> None:
+        """A worker's series and CPU samples, moved onto this machine's clock: a worker's
+        time t (from its sampler's start) is ``t0 + t - offset`` here."""
+        got = agent.request("sample_stop")
+        if not got:
+            return
+        shift = float(got["t0"]) - offset_s - self.t0
+        for p in ports:
+            ser = got["series"][p.intf]
+            self.series[p] = Series([round(t + shift, 4) for t in ser["t"]], ser["tx_bps"],
+                                    ser["queue_bytes"])
+        self.worker_cpu[agent.name] = [(t + shift, i, a) for t, i, a in got["cpu"]]
+        self.worker_lab_cpu[agent.name] = [(t + shift, {int(k): v for k, v in d.items()})
+                                           for t, d in got["lab_cpu"]]
 
 
 def fabric_ports(topo_desc: dict) -> list[Port]:
@@ -319,8 +413,23 @@ def flow_counters(bridge: str) -> dict[int, tuple[int, int]]:
     """{cookie: (packets, bytes)} of the per-flow counter entries in table 0 of ``bridge``.
 
     Read with ``ovs-ofctl``: these are the switch's own counters for exactly the packets
-    that matched the flow's 5-tuple there.
+    that matched the flow's 5-tuple there (on the worker the switch runs on).
     """
+    placement = remote.current()
+    agent = placement.agent_of(bridge) if placement else None
+    if agent is not None:
+        return _remote_flows(agent, [bridge], settled=False)[bridge]
+    return local_flow_counters(bridge)
+
+
+def _remote_flows(agent: remote.Agent, bridges: list[str],
+                  settled: bool) -> dict[str, dict[int, tuple[int, int]]]:
+    got = agent.request("flows", bridges=bridges, settled=settled)["flows"]
+    return {br: {int(c): (int(v[0]), int(v[1])) for c, v in got[br].items()} for br in bridges}
+
+
+def local_flow_counters(bridge: str) -> dict[int, tuple[int, int]]:
+    """:func:`flow_counters` of a bridge on this machine."""
     out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", bridge, "table=0"],
                          capture_output=True, text=True)
     counters: dict[int, tuple[int, int]] = {}
@@ -343,12 +452,26 @@ def settled_flow_counters(bridges: list[str], quiet_s: float = 0.6,
     OVS attributes datapath traffic to OpenFlow rules in revalidator rounds (about every
     500 ms), so a read right after traffic stops misses the last few hundred milliseconds -
     measured: 3-4 % of a 4 s flow. Reading until two reads ``quiet_s`` apart agree fixes it.
+    In a cluster each worker settles its own bridges.
     """
-    prev = {br: flow_counters(br) for br in bridges}
+    placement = remote.current()
+    groups: dict[remote.Agent | None, list[str]] = {}
+    for br in bridges:
+        groups.setdefault(placement.agent_of(br) if placement else None, []).append(br)
+    out: dict[str, dict[int, tuple[int, int]]] = {}
+    for agent, mine in groups.items():
+        out.update(_local_settled(mine, quiet_s, timeout_s) if agent is None
+                   else _remote_flows(agent, mine, settled=True))
+    return out
+
+
+def _local_settled(bridges: list[str], quiet_s: float,
+                   timeout_s: float) -> dict[str, dict[int, tuple[int, int]]]:
+    prev = {br: local_flow_counters(br) for br in bridges}
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(quiet_s)
-        cur = {br: flow_counters(br) for br in bridges}
+        cur = {br: local_flow_counters(br) for br in bridges}
         if cur == prev:
             return cur
         prev = cur

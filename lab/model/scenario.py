@@ -136,7 +136,7 @@ def check_nesting(value: Any, field: str, where: str = "") -> None:
             todo += [(v, depth + 1) for v in node]
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def yaml_problem(exc: yaml.YAMLError) -> str:
     """What is wrong with the YAML and where, on one line."""
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -148,7 +148,7 @@ def load_file(path: Path) -> Scenario:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ScenarioError("scenario", f"{path}: {_yaml_problem(exc)}") from None
+        raise ScenarioError("scenario", f"{path}: {yaml_problem(exc)}") from None
     except RecursionError:
         raise ScenarioError("scenario", f"{path}: nested too deep to read") from None
     except UnicodeDecodeError as exc:

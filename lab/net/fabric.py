@@ -22,6 +22,7 @@ from lab.machine import state
 from lab.machine.environment import Environment
 from lab.model.errors import MachineError
 from lab.model.flows import EPHEMERAL_SYSCTL, HOST_EPHEMERAL_PORTS
+from lab.net.cluster import ClusterRun, LabRemoteSwitch
 from lab.net.controller import Controller
 from lab.net.links import HOST_TCP_SYSCTLS, ShapedIntf, ShapedLink, ShapingBatch
 from lab.net.reach import ping_all
@@ -60,7 +61,8 @@ class Fabric:
     """A running network: ``start()`` brings it up, ``stop()`` removes what it created."""
 
     def __init__(self, topo: FabricTopo, env: Environment, runtime: str, policy: str,
-                 seed: int, run_dir: Path, record: state.RunRecord) -> None:
+                 seed: int, run_dir: Path, record: state.RunRecord,
+                 cluster: ClusterRun | None = None) -> None:
         self.topo = topo
         self.desc = describe(topo)
         self.env = env
@@ -74,6 +76,10 @@ class Fabric:
         self.timings: dict[str, float] = {}
         #: Hosts that route for off-fabric addresses (set before ``start``).
         self.gateways: frozenset[str] = frozenset()
+        #: The other machines this fabric is split over (``lab.net.cluster``), if any.
+        self.cluster = cluster
+        #: What each worker's agent removed at ``stop`` (in a cluster).
+        self.cluster_left: dict[str, dict[str, int]] = {}
 
     # -- bring-up ---------------------------------------------------------------------------
     @staticmethod
@@ -89,6 +95,9 @@ class Fabric:
         t0 = time.monotonic()
         setLogLevel("warning")
         bridges, intfs = planned_names(self.topo)
+        if self.cluster is not None:
+            self.cluster.open(self.record.run_id, self.record, self.run_dir)
+            bridges, intfs = self.cluster.claim(bridges, intfs)
         self.check_free(bridges, intfs)
         self.record.bridges = bridges
         self.record.interfaces = intfs
@@ -99,32 +108,38 @@ class Fabric:
                                                        str(BPF_BUILD_DIR)),
                                      self.run_dir, self.record)
         self.controller.start()
+        if self.cluster is not None:
+            self.cluster.reverse_tunnels(self.controller.port, self.record)
         self.timings["controller_s"] = time.monotonic() - t0
         ShapedIntf.netem_available = self.env.netem
-        # batch: one ovs-vsctl for every switch (Mininet's batchStartup), not one each.
-        switch = partial(OVSSwitch, datapath=self.env.datapath, failMode="secure",
-                         protocols="OpenFlow13", batch=True)
         ctrl = partial(LabControllerRef, ip="127.0.0.1", port=self.controller.port)
         with ShapingBatch() as shaping:
-            self._build_and_start(switch, ctrl, shaping, t0)
+            self._build_and_start(ctrl, shaping, t0)
         self.fast_reconnect()
         t1 = time.monotonic()
         self.controller.wait_ready()
         self.timings["programmed_s"] = time.monotonic() - t1
         self.timings["ready_s"] = time.monotonic() - t0
 
-    def _build_and_start(self, switch: partial, ctrl: partial, shaping: ShapingBatch,
-                         t0: float) -> None:
+    def _build_and_start(self, ctrl: partial, shaping: ShapingBatch, t0: float) -> None:
         """Mininet builds the network and starts the switches; links are shaped after that,
         all at once (:class:`ShapingBatch`)."""
         assert self.controller is not None
-        self.net = Mininet(topo=self.topo, switch=switch, link=ShapedLink, controller=ctrl,
-                           autoSetMacs=False, autoStaticArp=False, build=False,
-                           waitConnected=False)
+        # batch: one ovs-vsctl for every switch (Mininet's batchStartup), not one each.
+        switch = {"datapath": self.env.datapath, "failMode": "secure",
+                  "protocols": "OpenFlow13", "batch": True}
+        common = {"controller": ctrl, "autoSetMacs": False, "autoStaticArp": False,
+                  "build": False, "waitConnected": False}
+        if self.cluster is None:
+            self.net = Mininet(topo=self.topo, switch=partial(OVSSwitch, **switch),
+                               link=ShapedLink, **common)
+        else:
+            self.net = self.cluster.network(self.topo, LabRemoteSwitch, switch, **common)
         self.net.build()
         shaping.set_up()
         self.static_arp()
-        for node in self.net.hosts + self.net.switches + self.net.controllers:
+        nodes = self.net.hosts + self.net.switches + self.net.controllers
+        for node in self.cluster.record_nodes(nodes) if self.cluster else nodes:
             self.record.pids.append({"pid": node.pid, "start": state.proc_start_time(node.pid),
                                      "what": f"shell {node.name}"})
         self.record.save()
@@ -169,6 +184,13 @@ class Fabric:
                 cmd += ["--", "set", "Controller", uuid.strip(), "max_backoff=1000"]
         if len(cmd) > 2:
             subprocess.run(cmd, check=False, capture_output=True)
+        if self.cluster is not None:
+            # The workers' switches: every Controller record with this run's target
+            # (they all name their own 127.0.0.1, the reverse tunnel's end).
+            self.cluster.on_workers(["sh", "-c", "for u in $(ovs-vsctl --timeout=10 "
+                                     "--columns=_uuid --bare find Controller "
+                                     f"target='\"{target}\"'); do ovs-vsctl --timeout=10 "
+                                     "set Controller $u max_backoff=1000; done"])
 
     def static_arp(self) -> None:
         """Every fabric host knows every other's MAC: the controller answers no ARP.
@@ -189,6 +211,10 @@ class Fabric:
     def pingall(self, timeout_s: float = 1.0) -> float:
         """Every host pings every other once; returns the loss in per cent."""
         assert self.net is not None
+        if self.cluster is not None:
+            # Raw sockets need the hosts' namespaces on this machine: Mininet's own ping
+            # (one ``ping`` per pair, through the hosts' shells) reaches every worker.
+            return float(self.net.pingAll(timeout=str(max(1, round(timeout_s)))))
         return ping_all(self.net.hosts, timeout_s)
 
     def host(self, name: str):
@@ -206,6 +232,8 @@ class Fabric:
         t0 = time.monotonic()
         if self.controller is not None:
             self.controller.stop()
+        if self.cluster is not None:
+            self.cluster_left = self.cluster.close()
         left = state.remove(self.record)
         self.net = None
         self.timings["stop_s"] = time.monotonic() - t0

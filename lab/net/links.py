@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import math
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from mininet.link import Intf, Link, TCIntf
 
 from controllers.marking import FRAME_BYTES, MAX_TSO_FRAMES, QUEUE_HANDLE, htb_class_args
+from lab.machine import remote
 from lab.model.errors import TopologyError
 from lab.net.wire import Qdisc, count_wire_bytes
 
@@ -198,7 +199,7 @@ class ShapedIntf(TCIntf):
         if batch is not None and self.name in batch.pending:
             return dict(self.shaped)          # Mininet's re-apply after OVS took the port
         disable = f"/proc/sys/net/ipv6/conf/{self.name}/disable_ipv6"
-        if self.node.inNamespace:
+        if self.node.inNamespace or getattr(self.node, "isRemote", False):
             self.cmd(f"echo 1 > {disable}")
         else:                                 # the lab's own namespace: no shell needed
             with open(disable, "w") as f:
@@ -301,11 +302,18 @@ class ShapingBatch:
         """Shape every collected interface; returns how many."""
         _run_batches("tc", [(node, c.removeprefix("tc ")) for node, cmds, _ in
                             self.pending.values() for c in cmds])
-        by_ns: dict[int | None, list[Qdisc]] = {}
+        by_ns: dict[tuple[str, int | None], list[Qdisc]] = {}
         for node, _, wire in self.pending.values():
-            by_ns.setdefault(node.pid if node.inNamespace else None, []).extend(wire)
-        for pid, ports in by_ns.items():
-            count_wire_bytes(pid, ports)
+            where = (node.name if getattr(node, "isRemote", False) else "",
+                     node.pid if node.inNamespace else None)
+            by_ns.setdefault(where, []).extend(wire)
+        placement = remote.current()
+        for (name, pid), ports in by_ns.items():
+            agent = placement.agent_of(name) if placement and name else None
+            if agent is None:
+                count_wire_bytes(pid, ports)
+            else:                 # the table goes in on the worker, over its own netlink
+                agent.request("stab", entries=[[pid, [asdict(q) for q in ports]]])
         n = len(self.pending)
         self.pending.clear()
         return n
@@ -316,9 +324,13 @@ def _run_batches(tool: str, lines: list[tuple[Any, str]]) -> None:
     own; the first failure is a TopologyError naming the command."""
     root: list[str] = []
     by_node: dict[Any, list[str]] = {}
+    shell_of: dict[Any, Any] = {}
     for node, line in lines:
         if node.inNamespace:
             by_node.setdefault(node, []).append(line)
+        elif getattr(node, "isRemote", False):
+            # Another worker's root namespace: one batch through one of its nodes' shells.
+            by_node.setdefault(shell_of.setdefault(node.server, node), []).append(line)
         else:
             root.append(line)
     if root:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lab.machine.programs import ready_timeout_s
 from lab.machine.state import RunRecord
 from lab.model.errors import MachineError
 from lab.model.flows import FlowSpec
@@ -57,7 +58,11 @@ class FlowRunner:
         self.servers: list[Any] = []
         self.clients: list[Any] = []
 
-    def start_servers(self, timeout_s: float = 5.0) -> None:
+    def start_servers(self, timeout_s: float | None = None) -> None:
+        """Every flow's iperf3 server, then until each listens (within ``timeout_s``,
+        default the machine's :func:`ready_timeout_s`: a TCG guest's, or a cluster
+        worker's over ssh, take longer)."""
+        timeout_s = ready_timeout_s() if timeout_s is None else timeout_s
         for flow in self.flows:
             host = self.fabric.host(flow.dst)
             out = open(self.dir / f"{flow.id}.server.json", "wb")  # noqa: SIM115
@@ -103,7 +108,7 @@ class FlowRunner:
         deadline = time.monotonic() + timeout_s
         pending = list(self.flows)
         while pending:
-            pending = [f for f in pending if not _has_socket(self.fabric.host(f.src).pid, f)]
+            pending = [f for f in pending if not _has_socket(self.fabric.host(f.src), f)]
             if not pending:
                 break
             if time.monotonic() > deadline:
@@ -138,19 +143,27 @@ class FlowRunner:
 TCP_ESTABLISHED = "01"
 
 
-def _has_socket(pid: int, flow: FlowSpec) -> bool:
-    """Whether the namespace of ``pid`` holds ``flow``'s client socket (bound to its source
-    address and port; for TCP, established)."""
+def _has_socket(host: Any, flow: FlowSpec) -> bool:
+    """Whether ``host``'s namespace holds ``flow``'s client socket (bound to its source
+    address and port; for TCP, established).
+
+    A host on this machine is read through ``/proc/<pid>``; one on another worker of a
+    cluster through its shell, which is that namespace's own ``/proc/net``.
+    """
     want = f"{_proc_net_addr(flow.src_ip)}:{flow.sport:04X}"
     try:
-        with open(f"/proc/{pid}/net/{flow.proto}") as f:
-            next(f)
-            for line in f:
-                fields = line.split()
-                if fields[1] == want and (flow.proto != "tcp" or fields[3] == TCP_ESTABLISHED):
-                    return True
+        if getattr(host, "isRemote", False):
+            lines = host.cmd(f"cat /proc/net/{flow.proto}").splitlines()[1:]
+        else:
+            with open(f"/proc/{host.pid}/net/{flow.proto}") as f:
+                lines = f.read().splitlines()[1:]
     except OSError:
-        pass
+        return False
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 3 and fields[1] == want and \
+                (flow.proto != "tcp" or fields[3] == TCP_ESTABLISHED):
+            return True
     return False
 
 
