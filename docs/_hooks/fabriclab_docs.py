@@ -10,7 +10,8 @@ remembering to edit a page:
 * a page may hold a marker ``<!-- fabriclab:NAME -->`` that is replaced by a generated
   section: ``scenarios`` (a row per ``scenarios/*/scenario.yaml``), ``commands`` (every
   command and option, from ``lab.cli.build_parser``), ``result-keys`` (result.json's
-  required keys, from ``lab.model.result``) and ``benchmarks`` (the JSON that ``bench/`` wrote into ``bench/out/`` on this machine);
+  required keys, from ``lab.model.result``) and ``benchmarks`` (the JSON that ``bench/``
+  wrote into ``bench/out/`` on the machine that builds the site);
 * an unknown marker fails the build, as a broken link does under ``--strict``.
 """
 
@@ -25,8 +26,9 @@ import platform
 import posixpath
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
@@ -131,7 +133,10 @@ def scenarios() -> str:
 # --- the commands, from the parser the CLI itself uses -----------------------------------
 
 def _cell(text: str | None) -> str:
-    return (text or "").replace("|", "\\|").replace("\n", " ")
+    """``text`` as one Markdown table cell: no pipes, no newlines, and no ``<...>`` that the
+    browser would take for a tag (help texts say ``results/<scenario>-<time>/``)."""
+    return ((text or "").replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("|", "\\|").replace("\n", " "))
 
 
 def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
@@ -142,12 +147,14 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
         name = ", ".join(f"`{s}`" for s in action.option_strings) or f"`{action.dest}`"
         if action.option_strings and action.nargs != 0:
             name += f" `{action.metavar or action.dest.upper()}`"
+        said = (action.help or "").lower()
         notes = []
         if action.choices:
             notes.append("one of " + ", ".join(f"`{c}`" for c in action.choices))
-        if action.default not in (None, False, [], argparse.SUPPRESS) and action.nargs != 0:
+        if (action.default not in (None, False, [], argparse.SUPPRESS) and action.nargs != 0
+                and "default" not in said):
             notes.append(f"default `{action.default}`")
-        if isinstance(action, argparse._AppendAction):
+        if isinstance(action, argparse._AppendAction) and "repeatable" not in said:
             notes.append("repeatable")
         if action.required and action.option_strings:
             notes.append("required")
@@ -256,7 +263,7 @@ def benchmarks(out_dir: Path | None = None) -> str:
     parts = [f"Machine: {machine()} (`bench/out/` is not committed: every table below was "
              "written on the machine that built this site).\n"]
     for path in found:
-        when = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc)
+        when = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
         try:
             leaves = _leaves(json.loads(path.read_text()))
         except (OSError, ValueError) as e:
@@ -271,4 +278,5 @@ def benchmarks(out_dir: Path | None = None) -> str:
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
-    "scenarios": scenarios, "commands": commands, "result-keys": result_keys, "benchmarks": benchmarks}
+    "scenarios": scenarios, "commands": commands, "result-keys": result_keys,
+    "benchmarks": benchmarks}
