@@ -236,6 +236,7 @@ def result_keys() -> str:
 # --- benchmarks, from what bench/ wrote on this machine ----------------------------------
 
 def _leaves(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, value) of every scalar in ``obj``; short lists of scalars as one value."""
     if isinstance(obj, dict):
         return [leaf for k, v in obj.items() for leaf in _leaves(v, f"{prefix}{k}.")]
     if isinstance(obj, list):
@@ -246,6 +247,45 @@ def _leaves(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix.rstrip("."), obj)]
 
 
+def _value(v: Any) -> str:
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else f"{v:.4g}"
+    if isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v):
+        return ", ".join(_value(x) for x in v[:8]) + (" ..." if len(v) > 8 else "")
+    if isinstance(v, (dict, list)):
+        return f"({len(v)} values)"
+    return str(v)
+
+
+def _records_table(rows: list[dict[str, Any]]) -> str:
+    """A list of records (a row per policy, size, run ...) as a table, a column per key."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    head = "| " + " | ".join(f"`{_cell(c)}`" for c in columns) + " |"
+    rule = "|" + "---|" * len(columns)
+    body = ["| " + " | ".join(_cell(_value(row.get(c, ""))) for c in columns) + " |"
+            for row in rows]
+    return "\n".join([head, rule, *body]) + "\n"
+
+
+def _bench_tables(data: Any) -> str:
+    """One bench JSON as Markdown: each list of records its own table, every other value in
+    a table of dotted keys."""
+    if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
+        return _records_table(data)
+    parts, rest = [], {}
+    for key, value in (data.items() if isinstance(data, dict) else [("value", data)]):
+        if isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
+            parts.append(f"`{_cell(str(key))}`:\n\n" + _records_table(value))
+        else:
+            rest[key] = value
+    leaves = _leaves(rest)
+    if leaves:
+        rows = [f"| `{_cell(k)}` | {_cell(_value(v))} |" for k, v in leaves[:60]]
+        more = f"\n({len(leaves) - 60} more values in the file)\n" if len(leaves) > 60 else ""
+        parts.append("| value | measured |\n|---|---|\n" + "\n".join(rows) + "\n" + more)
+    return "\n".join(parts)
+
+
 def machine() -> str:
     """One line naming the machine this build (and so ``bench/out/``) is on."""
     return (f"{platform.node()}: {os.cpu_count()} cores, {platform.system()} "
@@ -253,7 +293,7 @@ def machine() -> str:
 
 
 def benchmarks(out_dir: Path | None = None) -> str:
-    """A table per ``bench/out/*.json``, dated by the file and marked with the machine."""
+    """Tables per ``bench/out/*.json``, dated by the file and marked with the machine."""
     out_dir = out_dir or REPO / "bench" / "out"
     found = sorted(out_dir.glob("*.json")) if out_dir.is_dir() else []
     if not found:
@@ -265,15 +305,12 @@ def benchmarks(out_dir: Path | None = None) -> str:
     for path in found:
         when = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.UTC)
         try:
-            leaves = _leaves(json.loads(path.read_text()))
+            tables = _bench_tables(json.loads(path.read_text()))
         except (OSError, ValueError) as e:
             parts.append(f"### {path.name}\n\nUnreadable: {e}\n")
             continue
-        rows = [f"| `{_cell(k)}` | {_cell(str(v))} |" for k, v in leaves[:60]]
-        more = f"\n\n({len(leaves) - 60} more values in the file)" if len(leaves) > 60 else ""
         parts.append(f"### {path.name}\n\nWritten {when:%Y-%m-%d %H:%M} UTC on "
-                     f"{platform.node()}.\n\n| value | measured |\n|---|---|\n"
-                     + "\n".join(rows) + more + "\n")
+                     f"{platform.node()}.\n\n{tables}")
     return "\n".join(parts)
 
 

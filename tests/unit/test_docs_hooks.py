@@ -59,7 +59,9 @@ def test_benchmark_tables_are_dated_and_name_the_machine(hooks: ModuleType,
                                                          tmp_path: Path) -> None:
     assert "No benchmark output" in hooks.benchmarks(tmp_path / "missing")
     (tmp_path / "bringup.json").write_text(json.dumps(
-        {"leafspine": {"bringup_s": [1.5, 1.6, 1.7]}, "fattree_k4": {"teardown_s": 1.63}}))
+        {"leafspine": {"bringup_s": [1.5, 1.6, 1.7]}, "fattree_k4": {"teardown_s": 1.63},
+         "rows": [{"policy": "hash5", "flows_s": 1263000.0},
+                  {"policy": "flowlet", "flows_s": 396633.4, "verdict": "-"}]}))
     os.utime(tmp_path / "bringup.json", (1764900000, 1764900000))   # 2025-12-05 02:00 UTC
     page = hooks.benchmarks(tmp_path)
     assert "### bringup.json" in page
@@ -67,6 +69,8 @@ def test_benchmark_tables_are_dated_and_name_the_machine(hooks: ModuleType,
     assert f"{os.cpu_count()} cores" in page
     assert "| `leafspine.bringup_s` | 1.5, 1.6, 1.7 |" in page
     assert "| `fattree_k4.teardown_s` | 1.63 |" in page
+    assert "| `policy` | `flows_s` | `verdict` |" in page      # records: a column per key
+    assert "| hash5 | 1263000 |  |" in page and "| flowlet | 3.966e+05 | - |" in page
 
 
 def test_lesson_links_point_where_the_files_land_in_the_site(hooks: ModuleType) -> None:
