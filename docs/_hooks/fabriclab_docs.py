@@ -4,9 +4,10 @@ Hand-written pages live in ``docs/``. Two kinds of page content are made at buil
 instead, so that a change in the code shows in the next ``make docs`` without anyone
 remembering to edit a page:
 
-* the lessons (``scenarios/*/README.md``) and ``ARCHITECTURE.md`` are included as pages
-  from where they live, their relative links rewritten for the page's place in the site
-  (one copy of each text, in the repository where the tests and the lead read it);
+* the README (as the home page), the lessons (``scenarios/*/README.md``) and
+  ``ARCHITECTURE.md`` are included as pages from where they live, their relative links
+  rewritten for the page's place in the site (one copy of each text, in the repository
+  where the tests and the lead read it);
 * a page may hold a marker ``<!-- fabriclab:NAME -->`` that is replaced by a generated
   section: ``scenarios`` (a row per ``scenarios/*/scenario.yaml``), ``commands`` (every
   command and option, from ``lab.cli.build_parser``), ``result-keys`` (result.json's
@@ -36,8 +37,9 @@ from mkdocs.structure.files import File, Files
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 
-#: Repository files that become pages, and where they sit in the site.
-INCLUDED = {"ARCHITECTURE.md": "architecture.md"}
+#: Repository files that become pages, and where they sit in the site. The README is the
+#: site's home page too: one front page, not two that drift apart.
+INCLUDED = {"README.md": "index.md", "ARCHITECTURE.md": "architecture.md"}
 LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 MARKER = re.compile(r"<!-- fabriclab:([a-z-]+) -->")
 

@@ -86,6 +86,9 @@ def test_lesson_links_point_where_the_files_land_in_the_site(hooks: ModuleType) 
                      "scenarios/ecmp-basic/exercises/congested_uplink.py"}
     assert hooks.rewrite_links("![p](docs/architecture.svg)", "ARCHITECTURE.md", {}) \
         == "![p](architecture.svg)"
+    readme = hooks.rewrite_links("[i](docs/install.md#the-documentation) "
+                                 "[l](scenarios/incast-ecn/README.md)", "README.md", {})
+    assert readme == "[i](install.md#the-documentation) [l](scenarios/incast-ecn/README.md)"
 
 
 def test_every_scenario_is_in_the_nav_and_the_table(hooks: ModuleType) -> None:
