@@ -6,7 +6,7 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: setup vm-setup demo test test-vm test-vm-ci unit lint architecture bench clean
+.PHONY: setup vm-setup demo test test-vm test-vm-ci unit lint docs architecture bench clean
 
 setup:
 	bash lab/setup.sh
@@ -40,7 +40,14 @@ architecture: setup
 	$(VENV)/bin/import-linter drawgraph lab --show-cycle-breakers > docs/architecture.dot
 	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
 
-test: setup lint
+# The documentation site (mkdocs.yml, docs/) into site/, strict: a broken link or anchor, or a
+# page missing from the nav, fails; the command reference and result.json's keys are generated
+# from the code as it builds. Part of `make test`, so CI builds it too. Not --quiet: MkDocs
+# counts strict mode's warnings from its log, and --quiet silences them into a pass.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
+
+test: setup lint docs
 	$(PY) -m pytest
 
 unit: setup

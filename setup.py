@@ -29,7 +29,9 @@ setup(
     extras_require={"dev": ["ruff>=0.6",
                             "hypothesis>=6.100",      # fuzzed input tests
                             # the layers' contracts (setup.cfg), run by `make lint`
-                            "import-linter>=2.1,<3"]},
+                            "import-linter>=2.1,<3",
+                            # the documentation site, built strict by `make docs`
+                            "mkdocs>=1.6,<2"]},
     entry_points={"console_scripts": ["fabriclab = lab.cli:main"],
                   # Users' own test suites get the `fabric` fixture without any set-up.
                   "pytest11": ["fabriclab = lab.testing"]},

@@ -1,4 +1,4 @@
-"""Every benchmark in one go; numbers go to bench/out/ and into README's table by hand."""
+"""Every benchmark in one go; numbers go to bench/out/, tabled by `make docs` (benchmarks page)."""
 
 from __future__ import annotations
 

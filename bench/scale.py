@@ -190,7 +190,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    """Markdown, as it goes into the README's "Scale beyond one machine" section."""
+    """Markdown, as it goes into docs/scale.md."""
     head = ("k", "switches", "hosts", "flows", "link Mbit/s", "bring-up s", "pingall loss %",
             "CPU idle min %", "lab CPU % of a core", "fidelity", "goodput / offered Mbit/s",
             "run wall s")

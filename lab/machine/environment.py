@@ -167,7 +167,7 @@ VM_FILE = Path("/etc/fabriclab/vm.json")
 
 #: The rate profile of a VM without hardware virtualisation: every rate and size x 1/8
 #: (``scenario.scale_rates``). Measured in the TCG guest on 2 vCPUs against the 25 % idle
-#: line (README, "Full kernel"): at full rates ecmp-basic left 0-1 % idle; at a quarter
+#: line (docs/full-kernel.md): at full rates ecmp-basic left 0-1 % idle; at a quarter
 #: ecmp-basic 14-26 %, incast-ecn 12-24 %, streaming's incident 15 %, under the line in at
 #: least one run each; at an eighth all three stay well above it. A scenario that needs
 #: less carries its own ``tcg_rate_scale``.

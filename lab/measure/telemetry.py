@@ -229,7 +229,7 @@ class Series:
 
 #: A window whose least idle second had less CPU to spare than this ran CPU-bound: its
 #: numbers describe the emulator, not the network, and are flagged invalid. Measured on the
-#: 2-core machine (bench/fidelity_threshold.py, README "Where fidelity stops holding"):
+#: 2-core machine (bench/fidelity_threshold.py, docs/fidelity.md):
 #: throughput holds down to 6 % idle, but queue delay and step times drift at 22-24 % idle,
 #: so the line sits above the most idle drifted run (the first line, 10 %, was assumed).
 MIN_CPU_IDLE_PCT = 25.0

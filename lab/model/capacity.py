@@ -55,7 +55,7 @@ from lab.model.flows import FlowSpec
 
 #: Where the budgets come from: ``bench/scale.py`` (``fabriclab run ecmp-polarisation
 #: --set topology.k=K --set traffic.flows=F --set rate_scale=0.15 --duration 4``, 15 Mbit/s
-#: links, load 0.4; README "How large a fat-tree this machine runs (measured)") and, for a
+#: links, load 0.4; docs/scale.md, "How large a fat-tree the CI machine runs") and, for a
 #: packet-heavy point, ``ecmp-basic`` (180 Mbit/s offered): 42-47 % least idle in the host
 #: column of the VM lane's table (valid under every policy there), 52-56 % in
 #: ``bench/fidelity_threshold.py``'s unloaded runs; the rest, single ``fabriclab run``s
@@ -104,7 +104,7 @@ MEASURED: tuple[MeasuredRun, ...] = (
 )
 
 #: The least idle second the budgets are drawn at: the line measured by
-#: ``bench/fidelity_threshold.py`` (README "Where fidelity stops holding").
+#: ``bench/fidelity_threshold.py`` (docs/fidelity.md).
 IDLE_LINE_PCT = 25.0
 #: Cores of the machine the budgets were measured on.
 MEASURED_CORES = 2

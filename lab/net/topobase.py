@@ -24,7 +24,7 @@ DEFAULT_QUEUE_BYTES = 150_000
 MAX_LINK_MBPS = 1000.0
 #: The largest fabric the lab will try to bring up on one machine. Every switch is a bridge
 #: of one userspace ovs-vswitchd and every host a namespace with its own traffic, all on the
-#: same cores. Measured on the 2-core CI machine (README, "Scale beyond one machine"): a
+#: same cores. Measured on the 2-core CI machine (docs/scale.md): a
 #: fat-tree k=4 runs with valid fidelity, k=6 and k=8 come up (12 s, 35 s) but their runs
 #: are CPU-bound and flagged invalid; beyond this limit bring-up alone takes minutes. A
 #: bigger machine moves the fidelity line, not this guard. Planning a split over several

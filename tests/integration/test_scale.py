@@ -17,7 +17,7 @@ K, HOSTS, SWITCHES = 6, 54, 45
 RATE_SCALE = 0.1
 #: The controller's per-flow hash: it decides the announced flows before they start, so a
 #: flow per host costs no burst of packet-ins. (The switches' own select groups cost the
-#: userspace datapath far more per packet at this size: README, "Scale".)
+#: userspace datapath far more per packet at this size: docs/scale.md.)
 POLICY = "hash5"
 
 

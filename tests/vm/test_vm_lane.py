@@ -39,7 +39,7 @@ LANE = os.environ.get("FABRICLAB_VM_LANE", "full")
 #: ``FABRICLAB_VM_POLICIES="hash5 hash-l3 hash5-tier ovs-select" make test-vm`` runs all.
 #: make test-vm also runs ovs-select, the switch's own hash on the kernel datapath: a
 #: flow's socketless RST can take the other spine there, so its ACK counters show two paths
-#: (README, "Full kernel"); ``flowpaths.link_bytes`` splits them by counts.
+#: (docs/full-kernel.md); ``flowpaths.link_bytes`` splits them by counts.
 POLICIES = os.environ.get("FABRICLAB_VM_POLICIES",
                           "hash5 ovs-select" if LANE == "full" else "hash5").split()
 
@@ -109,7 +109,7 @@ def check_rate_profile(r: dict) -> None:
     """A guest run carries its machine's rate profile (TCG: every rate and size x
     environment.TCG_RATE_SCALE, or the scenario's own tcg_rate_scale) in its parameters.
     Whether it was fidelity-valid at it is a timing target, measured by bench/vm_lane.py
-    (README, "Full kernel"), not asserted here."""
+    (docs/full-kernel.md), not asserted here."""
     tcg = r["environment"]["vm"]["accelerator"] == "tcg"
     profile = r["params"].get("tcg_rate_scale", environment.TCG_RATE_SCALE)
     assert r["params"]["rate_scale"] == (profile if tcg else 1.0)
@@ -152,7 +152,7 @@ def test_the_two_datapaths_agree(session, tmp_path, policy):
 
 def test_ovs_select_uses_the_kernel_datapath_hash(session):
     """ovs-select's choice is the datapath's own hash: it may differ from the userspace
-    one; the split is recorded (README), and every flow still has one clean path."""
+    one; the split is recorded (docs/full-kernel.md), and every flow still has one clean path."""
     r = guest_result(session, "ecmp-ovs-select")
     assert sum(r["metrics"]["flows_per_uplink"].values()) == 8
 
