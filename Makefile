@@ -6,7 +6,7 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: setup vm-setup demo test test-vm test-vm-ci unit lint docs architecture bench clean
+.PHONY: setup vm-setup demo test test-vm test-vm-ci test-cluster test-cluster-ci unit lint docs architecture bench clean
 
 setup:
 	bash lab/setup.sh
@@ -58,3 +58,11 @@ bench: setup
 
 clean:
 	$(VENV)/bin/fabriclab clean
+
+# One fabric over two QEMU VMs (Mininet's cluster edition): `fabriclab vm cluster up`, then
+# every cluster test on the head. CI runs the part marked `cluster and not cluster_full`.
+test-cluster: vm-setup
+	$(PY) -m pytest -m cluster tests/cluster
+
+test-cluster-ci: vm-setup
+	$(PY) -m pytest -m "cluster and not cluster_full" tests/cluster

@@ -142,6 +142,10 @@ def default_out_dir(scenario_name: str) -> Path:
 
 #: Topologies a cluster run can split: the Clos fabrics the partition plan knows.
 CLUSTER_TOPOLOGIES = ("leafspine", "fattree")
+#: Kinds whose every measurement reaches the head from another worker: iperf3's JSON comes
+#: back on its ssh's stdout. The collective and streaming kinds' programs write their
+#: reports to files and stamp them with their own machine's clock; not yet.
+CLUSTER_KINDS = ("ecmp",)
 
 
 def plan_cluster(path: str | Path, plan: Plan, progress: Progress = print) -> ClusterRun:
@@ -149,6 +153,10 @@ def plan_cluster(path: str | Path, plan: Plan, progress: Progress = print) -> Cl
     partition plan), before anything is started; a warning when the tunnels' planned
     traffic exceeds a worker's stated NIC rate."""
     spec = cluster_model.load(path)
+    if plan.scenario.kind not in CLUSTER_KINDS:
+        raise cluster_model.ClusterError(
+            "cluster", f"{plan.scenario.name} is a {plan.scenario.kind} scenario; a cluster "
+            f"runs {', '.join(CLUSTER_KINDS)} scenarios so far")
     if plan.topo_desc["type"] not in CLUSTER_TOPOLOGIES:
         raise cluster_model.ClusterError(
             "cluster", f"the {plan.topo_desc['type']} topology cannot be split over "

@@ -223,3 +223,16 @@ def nic_counters(address: str) -> dict[str, int]:
     link = (json.loads(stats or "[]") or [{}])[0].get("stats64", {})
     return {f"{d}_{k}": int(link.get(d, {}).get(k, 0)) for d in ("rx", "tx")
             for k in ("dropped", "errors")}
+
+
+def run_at(node: str, argv: list[str], input_text: str | None = None,
+           timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in the root namespace of the machine ``node`` is on: this one, or, in a
+    cluster, its worker's (through that worker's agent)."""
+    agent = _current.agent_of(node) if _current is not None else None
+    if agent is None:
+        return subprocess.run(argv, input=input_text, capture_output=True, text=True,
+                              check=False, timeout=timeout_s)
+    got = agent.request("run", argv=argv, input=input_text, timeout=timeout_s,
+                        timeout_s=timeout_s + 30)
+    return subprocess.CompletedProcess(argv, int(got["rc"]), got["stdout"], got["stderr"])

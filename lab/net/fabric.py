@@ -24,7 +24,14 @@ from lab.model.errors import MachineError
 from lab.model.flows import EPHEMERAL_SYSCTL, HOST_EPHEMERAL_PORTS
 from lab.net.cluster import ClusterRun, LabRemoteSwitch
 from lab.net.controller import Controller
-from lab.net.links import HOST_TCP_SYSCTLS, ShapedIntf, ShapedLink, ShapingBatch
+from lab.net.links import (
+    HOST_TCP_SYSCTLS,
+    TSO_LIMIT,
+    TSO_LIMIT_CLUSTER,
+    ShapedIntf,
+    ShapedLink,
+    ShapingBatch,
+)
 from lab.net.reach import ping_all
 from lab.net.topologies import FabricTopo, describe
 
@@ -113,7 +120,7 @@ class Fabric:
         self.timings["controller_s"] = time.monotonic() - t0
         ShapedIntf.netem_available = self.env.netem
         ctrl = partial(LabControllerRef, ip="127.0.0.1", port=self.controller.port)
-        with ShapingBatch() as shaping:
+        with ShapingBatch(TSO_LIMIT_CLUSTER if self.cluster else TSO_LIMIT) as shaping:
             self._build_and_start(ctrl, shaping, t0)
         self.fast_reconnect()
         t1 = time.monotonic()

@@ -137,6 +137,11 @@ def netem_limit_packets(bw_mbps: float | None, netem: Netem) -> int:
 
 #: ``ip link set`` arguments that cap an interface's TSO packets (``MAX_TSO_FRAMES``).
 TSO_LIMIT = f"gso_max_segs {MAX_TSO_FRAMES}"
+#: The same in a fabric split over machines: one frame per packet. A TSO packet that
+#: crosses a tunnel leaves the worker as frames, each counted with its own headers by the
+#: far switch's per-flow counters (measured: a few hundred bytes a flow more than the
+#: near switch had counted); frames are counted alike on both sides.
+TSO_LIMIT_CLUSTER = "gso_max_segs 1"
 
 
 def tc_commands(dev: str, bw: float | None, queue_bytes: int,
@@ -274,7 +279,9 @@ class ShapingBatch:
     has just reset), so the commands only add; a failure names the device and the command.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tso_limit: str = TSO_LIMIT) -> None:
+        #: What every collected interface's TSO packets are capped to when it is set up.
+        self.tso_limit = tso_limit
         #: interface name -> (its node, its tc commands, its htb for the wire size table); a
         #: later config of the same interface (Mininet's re-apply) replaces the earlier one.
         self.pending: dict[str, tuple[Any, list[str], list[Qdisc]]] = {}
@@ -294,7 +301,7 @@ class ShapingBatch:
     def set_up(self) -> None:
         """Every collected interface up: before the switches start, so that no port is seen
         down (the controller would route around it)."""
-        _run_batches("ip", [(node, f"link set dev {name} {TSO_LIMIT} up")
+        _run_batches("ip", [(node, f"link set dev {name} {self.tso_limit} up")
                             for node, name in self.ups])
         self.ups.clear()
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.machine import remote
 from lab.model.errors import ScenarioError
 
 INTERVAL_S = 0.1            # receivers' reporting interval in a run with faults
@@ -183,10 +184,17 @@ def parse(raw: Any, topo_desc: dict[str, Any], duration: float) -> list[Fault]:
 
 
 def set_links(intfs: tuple[str, ...], up: bool) -> None:
-    """Both ends of the links, in one ``ip`` call (the ends change within microseconds)."""
-    batch = "".join(f"link set {i} {'up' if up else 'down'}\n" for i in intfs)
-    subprocess.run(["ip", "-batch", "-"], input=batch, text=True, check=True,
-                   capture_output=True)
+    """Both ends of the links, in one ``ip`` call per machine (on one machine the ends
+    change within microseconds; a cluster's cut link, within a round trip to the worker)."""
+    by_node: dict[str, list[str]] = {}
+    for i in intfs:
+        by_node.setdefault(i.rsplit("-eth", 1)[0], []).append(i)
+    for node, mine in by_node.items():
+        batch = "".join(f"link set {i} {'up' if up else 'down'}\n" for i in mine)
+        out = remote.run_at(node, ["ip", "-batch", "-"], input_text=batch)
+        if out.returncode != 0:
+            raise subprocess.CalledProcessError(out.returncode, out.args, out.stdout,
+                                                out.stderr)
 
 
 def flow_tables(bridges: list[str]) -> dict[str, list[str]]:
@@ -197,8 +205,8 @@ def flow_tables(bridges: list[str]) -> dict[str, list[str]]:
     """
     out = {}
     for br in bridges:
-        text = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "--no-stats", "dump-flows",
-                               br], capture_output=True, text=True).stdout
+        text = remote.run_at(br, ["ovs-ofctl", "-O", "OpenFlow13", "--no-stats",
+                                  "dump-flows", br]).stdout
         out[br] = sorted(line.strip() for line in text.splitlines()
                          if line.strip() and "reply" not in line)
     return out
