@@ -33,16 +33,16 @@ def _specs(result: dict[str, Any], run_dir: Path | None) -> tuple[list[Spec], li
             skipped.append(made)
 
     # A kind's own plots come from the kind (``run_plots`` before, ``section_plots`` after
-    # the ones every run gets); a result of a kind this lab no longer has gets none.
+    # the ones every run gets); a result of a kind this lab does not have gets none.
     own = kinds.get(kind) if kind in kinds.KINDS else None
-    for made in getattr(own, "run_plots", lambda _r, _s: [])(result, secs):
+    for made in own.run_plots(result, secs) if own else []:
         add(made)
     for sec in secs:
         add(weathermap_spec(sec, result))
         add(util_spec(sec))
         add(queue_spec(sec, queue_limit))
         add(goodput_spec(sec))
-        for made in getattr(own, "section_plots", lambda _s, _d: [])(sec, run_dir):
+        for made in own.section_plots(sec, run_dir) if own else []:
             add(made)
     return specs, skipped
 

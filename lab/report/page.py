@@ -230,7 +230,7 @@ def report_html(result: dict[str, Any], plots: list[Plot], skipped: list[Skipped
     """The report page for one run, with ``plots`` (PNGs in ``plots_dir``) embedded."""
     now = dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
     head = _heading(result)
-    sub = (f"kind {kind_of(result)} · run finished {run_date} · measured "
+    sub = (f"kind {kind_of(result) or 'not recorded'} · run finished {run_date} · measured "
            f"{format_value('duration_s', result.get('duration_s'))}"
            + (f" · phases: {', '.join(s.name for s in sections(result))}"
               if sections(result)[0].name else "")

@@ -55,7 +55,7 @@ def test_unknown_library_on_the_command_line_exits_2_with_one_line():
 
 def test_gloo_without_torch_is_refused_before_anything_starts(monkeypatch):
     """The machine check, before the lab's session: the probe says no torch."""
-    from lab.kinds import collective
+    from lab.kinds.collective import plan as collective
     monkeypatch.setattr(environment, "collective_library",
                         lambda: {"torch": None, "gloo": False, "numpy": None,
                                  "numpy_bridge": False})

@@ -1,8 +1,10 @@
-"""The running edge: FRR routers and their counters on the fabric, driven phase by phase.
+"""The streaming kind's run: the edge brought up (fabric, FRR routers, BGP), the phases one
+after another on it, and the logs kept afterwards.
 
-``EdgeRun`` sets each phase up (uplink rates, the hash and its seeds, pinned routes), starts
-the players and senders, cuts and restores links for the failover phases and reads what the
-routers and the fabric counted; ``lab.kinds.streaming.metrics`` turns that into result.json.
+``EdgeRun`` is the running edge: it sets each phase up (``lab.kinds.streaming.setup``),
+starts the players and senders, cuts and restores for the failover phases
+(``lab.kinds.streaming.failover``) and reads what the routers and the fabric counted;
+``lab.kinds.streaming.metrics`` turns that into the kind's part of result.json.
 """
 
 from __future__ import annotations
@@ -11,16 +13,16 @@ import itertools
 import json
 import shlex
 import shutil
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controllers.marking import htb_class_args
 from lab import agents
 from lab.kinds.base import Plan, Progress
 from lab.kinds.streaming import metrics
-from lab.kinds.streaming.streamplan import Stream
+from lab.kinds.streaming.failover import EdgeFailover
+from lab.kinds.streaming.plan import Stream, phase_names
+from lab.kinds.streaming.setup import EdgeSetup
 from lab.machine import programs
 from lab.machine.progress import Ticker
 from lab.measure import routerstats, telemetry
@@ -29,33 +31,75 @@ from lab.model.errors import MachineError
 from lab.model.flowpaths import adjacency, attachment
 from lab.net import edgecontrol, frr
 from lab.net.edge import CORE, GATEWAY_IP
-from lab.net.edgecontrol import FiveTuple
 from lab.net.links import root_netem_delay_ms
 
 if TYPE_CHECKING:
     from lab.net.fabric import Fabric
 
-#: dccore's interface on the fabric (its port 0): where origin streams enter the routers.
-CORE_FABRIC_INTF = f"{CORE}-eth0"
-#: A seed search stops at the first seed pair whose predicted hottest uplink stays below
-#: this share of its rate.
-SEED_TARGET_UTIL = 0.7
-SEED_TRIES = 64
 #: Phases after which every origin stream is traced with its own 5-tuple (scapy), routing
 #: still as it was: the operator's confirmation of what the counters say.
 PROBE_PHASES = ("incident", "fix-hash")
 
 
-class EdgeRun:
-    """The running edge: fabric, routers, counters; runs one phase after the other."""
+def on_fabric(plan: Plan, fabric: Fabric, progress: Progress,
+              _prepared: Any = None) -> dict[str, Any]:
+    """Bring the edge up (fabric, FRR routers, BGP), then the phases one after another;
+    returns the kind's part of result.json."""
+    fabric.gateways = frozenset({CORE})
+    progress(f"bringing up streaming-edge: {len(plan.topo_desc['switches'])} switches, "
+             f"{len(plan.topo_desc['routers'])} FRR routers, controller "
+             f"{plan.runtime}")
+    fabric.start()
+    edge = EdgeRun(plan, fabric, progress)
+    timings = edge.start_routing()
+    fabric.timings.update(timings)
+    progress(f"BGP up: sessions in {timings['bgp_established_s']:.2f} s, multipath "
+             f"routes in {timings['routing_ready_s']:.2f} s")
+    bgp = edge.bgp_state()
+    wan = edge.wan_delay()
+    watch = [e for s in edge.streams for e in s.spec().watch_entries(s.index)]
+    reply = fabric.controller.request({"cmd": "watch", "flows": watch})
+    if not reply.get("ok"):
+        raise MachineError("controller", str(reply.get("error")))
+    edge.start_sampling()
+    phases: dict[str, Any] = {}
+    measured: dict[str, float] = {}
+    try:
+        for i, phase in enumerate(phase_names(plan.params)):
+            phases[phase] = edge.run_phase(phase, i, measured)
+            if phase == "incident":
+                measured = {f["id"]: f["bytes"] * 8 / phases[phase]["duration_s"] / 1e6
+                            for f in phases[phase]["flows"]}
+            progress(f"[{phase}] " + metrics.phase_line(metrics.phase_metrics(phases[phase])))
+    finally:
+        edge.sampler.stop()
+        edge.rsampler.stop()
+    bgp_after = edge.bgp_state()
+    return metrics.assemble(plan, phases, bgp, bgp_after, wan)
 
-    def __init__(self, plan_: Plan, fabric: Fabric, progress: Progress) -> None:
-        self.plan = plan_
+
+def keep_logs(work: Path, out_dir: Path) -> None:
+    """The routers' logs and the streams' JSON (the controller's log is kept by every run)."""
+    for log in work.glob("*/*.log"):
+        (out_dir / "frr" / log.parent.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(log, out_dir / "frr" / log.parent.name / log.name)
+    if (work / "streams").is_dir():
+        shutil.copytree(work / "streams", out_dir / "streams", dirs_exist_ok=True)
+
+
+class EdgeRun(EdgeSetup, EdgeFailover):
+    """The running edge: fabric, routers, counters; runs one phase after the other.
+
+    Its parts by what a phase does: set up the routing (``EdgeSetup``), cut and restore
+    (``EdgeFailover``); here the bring-up, the streams and the counters."""
+
+    def __init__(self, plan: Plan, fabric: Fabric, progress: Progress) -> None:
+        self.plan = plan
         self.fabric = fabric
         self.progress = progress
-        self.params = plan_.params
-        self.desc = plan_.topo_desc
-        self.streams: list[Stream] = plan_.flows
+        self.params = plan.params
+        self.desc = plan.topo_desc
+        self.streams: list[Stream] = plan.flows
         self.routers = {r["name"]: fabric.host(r["name"]) for r in self.desc["routers"]}
         self.pids = {name: node.pid for name, node in self.routers.items()}
         self.rports = routerstats.router_ports(self.desc)
@@ -154,138 +198,6 @@ class EdgeRun:
                                       for a, p in sorted(peers.items())],
                          "multipath_routes": routes}
         return out
-
-    # -- one phase -----------------------------------------------------------------------------
-    def configure(self, phase: str, measured: dict[str, float]) -> dict[str, Any]:
-        """Rates, hash and placement for ``phase``; returns what was set, for the report."""
-        tp = self.desc["params"]
-        bw = self.params["before"]["uplink_bw"] if phase == "before-upgrade" \
-            else tp["uplink_bw"]
-        self.set_uplink_bw(bw)
-        for name, tables in self.pinned.items():
-            edgecontrol.unpin(self.routers[name], tables)
-        self.pinned = {}
-        config: dict[str, Any] = {"uplink_bw_mbps": bw}
-        mine = [n for n in self.routers if not n.startswith("isp")]
-        if phase in ("fix-hash", "failover-link", "failover-border"):
-            config.update(self.seed_search(phase, bw))
-        else:
-            held = {name: edgecontrol.set_hash(node, "l3", self.base_seeds[name])
-                    for name, node in self.routers.items()}
-            config["hash"] = {n: {"mode": "l3", "seed": held[n]["seed"]} for n in mine}
-        if phase == "fix-placement":
-            config["placement"] = self.place_by_load(phase, measured)
-        return config
-
-    def set_uplink_bw(self, bw: float) -> None:
-        for p in self.rports:
-            if p.role == "uplink":
-                out = self.routers[p.node].cmd(
-                    f"tc class change dev {p.intf} parent 1: classid 1:1 {htb_class_args(bw)}; "
-                    "echo __rc=$?")
-                if not out.strip().endswith("__rc=0"):
-                    raise MachineError("topology.uplink_bw", f"{p.intf}: {out.strip()}")
-        self.uplink_bw = bw
-
-    def egress(self, phase: str) -> list[Stream]:
-        return [s for s in self.streams if s.phase == phase and s.role != "ingest"]
-
-    def peer_of(self, node: str, intf: str) -> tuple[str, str]:
-        p = self.port_at[(node, intf)]
-        return p.peer, p.peer_intf
-
-    def predict_uplinks(self, streams: list[Stream]) -> dict[str, str]:
-        """stream id -> the uplink (``border-ethX->isp-ethY``) the kernel would choose."""
-        first = edgecontrol.predict(self.routers[CORE], CORE_FABRIC_INTF,
-                                    [s.tuple for s in streams])
-        by_border: dict[tuple[str, str], list[Stream]] = {}
-        for s, dev in zip(streams, first, strict=True):
-            border, b_intf = self.peer_of(CORE, dev)
-            by_border.setdefault((border, b_intf), []).append(s)
-        out = {}
-        for (border, b_intf), group in by_border.items():
-            devs = edgecontrol.predict(self.routers[border], b_intf, [s.tuple for s in group])
-            for s, dev in zip(group, devs, strict=True):
-                _, pintf = self.peer_of(border, dev)
-                out[s.id] = f"{dev}->{pintf}"
-        return out
-
-    def seed_search(self, phase: str, bw: float) -> dict[str, Any]:
-        """L4 hash everywhere we own; seeds per tier tried until the elephants spread."""
-        streams = self.egress(phase)
-        best: tuple[float, int, dict[str, str]] | None = None
-        seedable = True
-        for attempt in range(SEED_TRIES):
-            for name, node in self.routers.items():
-                if not name.startswith("isp"):
-                    held = edgecontrol.set_hash(node, "l4", self.tier_seed(name, attempt))
-                    seedable = held["seed"] is not None
-            pred = self.predict_uplinks(streams)
-            load: dict[str, float] = {}
-            for s in streams:
-                load[pred[s.id]] = load.get(pred[s.id], 0.0) + s.rate_mbps
-            hottest = max(load.values(), default=0.0) / bw
-            if best is None or hottest < best[0]:
-                best = (hottest, attempt, pred)
-            if hottest <= SEED_TARGET_UTIL or not seedable:   # no seed: one hash to try
-                break
-        assert best is not None
-        hottest, attempt, pred = best
-        seeds = {}
-        for name, node in self.routers.items():
-            if not name.startswith("isp"):       # the ISPs are not ours: they keep L3
-                held = edgecontrol.set_hash(node, "l4", self.tier_seed(name, attempt))
-                seeds[name] = {"mode": "l4", "seed": held["seed"]}
-        return {"hash": seeds, "seed_tries": attempt + 1, "seedable": seedable,
-                "predicted_uplink": pred, "predicted_hottest_util": round(hottest, 3)}
-
-    def tier_seed(self, name: str, attempt: int) -> int:
-        """The seed a router of ours gets in seed-search ``attempt``: dccore and the borders
-        step differently, so the two tiers never share a seed (the same hash at two tiers
-        polarises: a border would send all it gets from one dccore bucket to one uplink)."""
-        if name == CORE:
-            return self.base_seeds[name] + attempt
-        return self.base_seeds[name] + 7 * attempt + 1
-
-    def place_by_load(self, phase: str, measured: dict[str, float]) -> dict[str, str]:
-        """Greedy: biggest measured stream first, each onto the least-loaded uplink."""
-        streams = self.egress(phase)
-        twin = {s.id.split("/", 1)[1]: s for s in self.egress("incident")}
-        uplinks = [p for p in self.rports if p.role == "uplink" and p.node.startswith("border")]
-        load = {p.name: 0.0 for p in uplinks}
-        core_rules: list[tuple[FiveTuple, str, str]] = []
-        border_rules: dict[str, list[tuple[FiveTuple, str, str]]] = {}
-        placed = {}
-
-        def rate(s: Stream) -> float:
-            t = twin.get(s.id.split("/", 1)[1])
-            return measured.get(t.id, s.rate_mbps) if t else s.rate_mbps
-
-        for s in sorted(streams, key=rate, reverse=True):
-            isp = self.isp_of(s.dst)
-            choices = [p for p in uplinks if p.peer == isp]
-            best = min(choices, key=lambda p: (load[p.name], p.name))
-            load[best.name] += rate(s)
-            placed[s.id] = best.name
-            core_link = next(p for p in self.rports if p.node == CORE and p.peer == best.node)
-            core_rules.append((s.tuple, core_link.intf, self.addr_of(best.node,
-                                                                     core_link.peer_intf)))
-            border_rules.setdefault(best.node, []).append(
-                (s.tuple, best.intf, self.addr_of(best.peer, best.peer_intf)))
-        self.pinned[CORE] = edgecontrol.pin(self.routers[CORE], core_rules)
-        for border, rules in border_rules.items():
-            self.pinned[border] = edgecontrol.pin(self.routers[border], rules)
-        return placed
-
-    def isp_of(self, host: str) -> str:
-        for ln in self.desc["router_links"]:
-            if ln["b"] == host:
-                return ln["a"]
-        raise KeyError(host)
-
-    def addr_of(self, node: str, intf: str) -> str:
-        r = next(x for x in self.desc["routers"] if x["name"] == node)
-        return r["interfaces"][intf][0].split("/")[0]
 
     def run_phase(self, phase: str, index: int, measured: dict[str, float]) -> dict[str, Any]:
         duration = float(self.params["duration"])
@@ -439,60 +351,6 @@ class EdgeRun:
             out["sender"] = None
         return out
 
-    # -- failover ------------------------------------------------------------------------------
-    def failover(self, phase: str, config: dict[str, Any], t0_unix: float) -> dict[str, Any]:
-        """Cut mid-phase, watch the routes go and come back; returns the times measured."""
-        f = self.params["failover"]
-        if phase == "failover-link":
-            # The uplink carrying the most big streams, and the border whose route uses it.
-            pred = config.get("predicted_uplink", {})
-            counts: dict[str, int] = {}
-            for sid, up in pred.items():
-                if "/big" in sid:
-                    counts[up] = counts.get(up, 0) + 1
-            target = max(sorted(counts), key=lambda u: counts[u])
-            port = next(p for p in self.rports if p.name == target)
-            cuts = [(port.node, [port.intf]), (port.peer, [port.peer_intf])]
-            watcher = (port.node, self.dst_prefix("cdn1"), port.intf)
-            what = target
-        else:
-            border = "border1"
-            mine = [p for p in self.rports if p.node == border]
-            cuts = [(border, [p.intf for p in mine])]
-            by_peer: dict[str, list[str]] = {}
-            for p in mine:
-                by_peer.setdefault(p.peer, []).append(p.peer_intf)
-            cuts += list(by_peer.items())
-            core_port = next(p for p in self.rports if p.node == CORE and p.peer == border)
-            watcher = (CORE, self.dst_prefix("cdn1"), core_port.intf)
-            what = border
-        node, prefix, dev = watcher
-        watch = RouteWatch(self.routers[node], prefix, dev)
-        watch.start()
-        time.sleep(max(0.0, t0_unix + f["cut_at"] - time.time()))
-        t_cut = time.time()
-        for name, intfs in cuts:
-            edgecontrol.cut(self.routers[name], intfs)
-        time.sleep(max(0.0, t0_unix + f["restore_at"] - time.time()))
-        t_restore = time.time()
-        for name, _ in cuts:
-            edgecontrol.restore(self.routers[name])
-        back_deadline = time.time() + 15
-        while watch.back_at is None and time.time() < back_deadline:
-            time.sleep(0.05)
-        watch.stop()
-        return {"cut": what, "watched_router": node, "watched_prefix": prefix,
-                "watched_dev": dev, "cut_unix": t_cut, "restore_unix": t_restore,
-                "phase_start_unix": t0_unix,
-                "withdrawn_after_s": None if watch.gone_at is None
-                else round(watch.gone_at - t_cut, 3),
-                "returned_after_s": None if watch.back_at is None
-                else round(watch.back_at - t_restore, 3)}
-
-    def dst_prefix(self, host: str) -> str:
-        ln = next(x for x in self.desc["router_links"] if x["b"] == host)
-        return ln["subnet"]
-
     # -- result entries -----------------------------------------------------------------------
     def flow_entry(self, s: Stream, ovs: dict, nft: dict) -> dict[str, Any]:
         """``s``'s entry in result.json, its hops between routers from the routers' counters."""
@@ -501,32 +359,3 @@ class EdgeRun:
         router_hops = metrics.router_path(self.intfs, self.port_at, key, start, nft)
         return metrics.flow_entry(s, ovs, self.att, self.adj, router_hops)
 
-
-class RouteWatch(threading.Thread):
-    """Polls a router's kernel route for ``prefix``: when ``dev`` leaves it and comes back."""
-
-    def __init__(self, node: Any, prefix: str, dev: str, period_s: float = 0.01) -> None:
-        super().__init__(daemon=True, name="fabriclab-route-watch")
-        self.pid, self.prefix, self.dev, self.period = node.pid, prefix, dev, period_s
-        self.gone_at: float | None = None
-        self.back_at: float | None = None
-        self._stop_evt = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_evt.wait(self.period):
-            out = routerstats.ns_run(self.pid, ["ip", "-j", "route", "show", "exact",
-                                                self.prefix], check=False).stdout
-            try:
-                routes = json.loads(out) if out.strip() else []
-            except ValueError:
-                continue
-            devs = [nh.get("dev") for r in routes for nh in r.get("nexthops", [r])]
-            now = time.time()
-            if self.dev not in devs and self.gone_at is None:
-                self.gone_at = now
-            elif self.dev in devs and self.gone_at is not None and self.back_at is None:
-                self.back_at = now
-
-    def stop(self) -> None:
-        self._stop_evt.set()
-        self.join(timeout=5)
