@@ -18,7 +18,7 @@ from lab.plotting.weathermap import weathermap_spec
 WIDTH_IN, DPI = 8.0, 100
 
 
-def _specs(result: dict[str, Any], run_dir: Path | None) -> tuple[list[Spec], list[Skipped]]:
+def specs_for(result: dict[str, Any], run_dir: Path | None) -> tuple[list[Spec], list[Skipped]]:
     """Every plot the result has data for, in report order, and the ones it has not."""
     specs: list[Spec] = []
     skipped: list[Skipped] = []
@@ -47,7 +47,7 @@ def _specs(result: dict[str, Any], run_dir: Path | None) -> tuple[list[Spec], li
     return specs, skipped
 
 
-def _draw(spec: Spec, out_dir: Path, limit: float | None = None) -> Plot:
+def draw_spec(spec: Spec, out_dir: Path, limit: float | None = None) -> Plot:
     """Draw one spec to ``out_dir``/<name>.png and read back the words that ended up on it."""
     import matplotlib
     matplotlib.use("Agg")
@@ -77,6 +77,6 @@ def make_plots(result: dict[str, Any], out_dir: Path,
     value-axis extent per plot name (a comparison draws both runs on one scale).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    specs, skipped = _specs(result, run_dir)
-    made = [_draw(s, out_dir, (limits or {}).get(s.name)) for s in specs]
+    specs, skipped = specs_for(result, run_dir)
+    made = [draw_spec(s, out_dir, (limits or {}).get(s.name)) for s in specs]
     return made, skipped
