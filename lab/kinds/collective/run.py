@@ -156,8 +156,9 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
         try:
             sampler.start()
             if job["library"] == "gloo":
-                # Before the window: torch's import and the rendezvous are set-up, and the
-                # window's counters must include gloo's connections from their first byte.
+                # Before the window: torch's import and the rendezvous are set-up. Their
+                # connections are watched before it opens, so the switches count the job
+                # from its first byte; the ranks' own counters start at the go, after it.
                 gloo_ranks, gloo_ready, reports = self.start_gloo(pp, ph.hosts, work)
                 procs += gloo_ranks
                 self.gloo_connections(ph, gloo_ready, gloo_ranks, reports)
