@@ -140,11 +140,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
     def drive(self, name: str, ph: Phase) -> Drive:
         """The job's programs (and storage's) from start to exit, inside one window."""
         pp, job, work = ph.pp, ph.pp["job"], ph.work
-        sizes = job["sizes"] or [job["size_bytes"]]
-        slowest = min(self.bw.values())
-        # every step's compute, plus its bytes at a quarter of the slowest link's rate
-        estimate = job["steps"] * sum(job["compute_s"] + job["straggler_s"] + 2.0
-                                      + 4 * 2 * size * 8 / slowest for size in sizes) + 20
+        estimate = self.estimate_s(job)
         bridges = [s["name"] for s in self.topo["switches"]]
         sampler = telemetry.Sampler(self.ports, hz=float(pp["sample_hz"]),
                                     controller=self.fabric.controller)
@@ -186,13 +182,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             if storage_ready or gloo_ready:   # every GPU's checkpoints together, with the job
                 programs.go(storage_ready + gloo_ready, clients + gloo_ranks)
             procs += [p for p in workers if p not in procs]
-            what = (f"{len(job['sizes'])} sizes {job['sizes'][0] / 1e6:g}-"
-                    f"{job['sizes'][-1] / 1e6:g} MB" if job["sizes"]
-                    else f"{job['size_bytes'] / 1e6:g} MB")
-            self.progress(f"[{name}] {len(ph.hosts)} workers on {', '.join(ph.hosts)}: "
-                          f"{job['steps']} steps of {job['library']} {job['pattern']} {what}"
-                          + (f", {len(ph.pinned)} paths placed" if ph.pinned else "")
-                          + (f", ECN marking {ph.marking}" if ph.marking else ""))
+            self.progress(self.job_line(name, ph))
             deadline = time.monotonic() + estimate
             for p in workers:
                 wait(p, max(1.0, deadline - time.monotonic()))
@@ -218,6 +208,26 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
                 d.capture.proc.kill()
             sampler.stop()
         return d
+
+    def estimate_s(self, job: dict[str, Any]) -> float:
+        """How long the job may take before it counts as hung: every step's compute, plus
+        its bytes at a quarter of the slowest link's rate, plus a margin."""
+        slowest = min(self.bw.values())
+        return job["steps"] * sum(job["compute_s"] + job["straggler_s"] + 2.0
+                                  + 4 * 2 * size * 8 / slowest
+                                  for size in job["sizes"] or [job["size_bytes"]]) + 20
+
+    @staticmethod
+    def job_line(name: str, ph: Phase) -> str:
+        """The progress line a phase's job starts with."""
+        job = ph.pp["job"]
+        what = (f"{len(job['sizes'])} sizes {job['sizes'][0] / 1e6:g}-"
+                f"{job['sizes'][-1] / 1e6:g} MB" if job["sizes"]
+                else f"{job['size_bytes'] / 1e6:g} MB")
+        return (f"[{name}] {len(ph.hosts)} workers on {', '.join(ph.hosts)}: "
+                f"{job['steps']} steps of {job['library']} {job['pattern']} {what}"
+                + (f", {len(ph.pinned)} paths placed" if ph.pinned else "")
+                + (f", ECN marking {ph.marking}" if ph.marking else ""))
 
     def gloo_connections(self, ph: Phase, ready: list[Path], ranks: list[subprocess.Popen],
                          reports: list[Path]) -> None:
