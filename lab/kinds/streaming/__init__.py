@@ -21,9 +21,10 @@ Mechanism lives in ``lab.net.edge`` (topology), ``lab.net.edgecontrol`` (hash, p
 ``lab.measure.routerstats`` (router counters) and ``lab.agents.streamer`` (senders and players).
 
 The package: ``plan`` (the scenario's keys, its phases and their streams), ``run`` (the
-edge brought up and driven phase by phase: ``setup`` sets a phase's routing, ``failover``
-cuts and restores), ``metrics`` (the kind's part of result.json, the lines ``fabriclab run``
-prints, what regress holds a policy to) and ``plots`` (stalls per phase and over time).
+edge brought up and driven phase by phase: ``setup`` sets a phase's routing, ``programs``
+starts its players and senders, ``failover`` cuts and restores), ``metrics`` (the kind's
+part of result.json, the lines ``fabriclab run`` prints, what regress holds a policy to)
+and ``plots`` (stalls per phase and over time).
 """
 
 from __future__ import annotations

@@ -2,28 +2,27 @@
 after another on it, and the logs kept afterwards.
 
 ``EdgeRun`` is the running edge: it sets each phase up (``lab.kinds.streaming.setup``),
-starts the players and senders, cuts and restores for the failover phases
-(``lab.kinds.streaming.failover``) and reads what the routers and the fabric counted;
-``lab.kinds.streaming.metrics`` turns that into the kind's part of result.json.
+starts the players and senders (``lab.kinds.streaming.programs``), cuts and restores for
+the failover phases (``lab.kinds.streaming.failover``) and reads what the routers and the
+fabric counted; ``lab.kinds.streaming.metrics`` turns that into the kind's part of
+result.json.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import shlex
 import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lab import agents
 from lab.kinds.base import Plan, Progress
 from lab.kinds.streaming import metrics
 from lab.kinds.streaming.failover import EdgeFailover
 from lab.kinds.streaming.plan import Stream, phase_names
+from lab.kinds.streaming.programs import EdgePrograms
 from lab.kinds.streaming.setup import EdgeSetup
-from lab.machine import programs
 from lab.machine.progress import Ticker
 from lab.measure import routerstats, telemetry
 from lab.measure.window import Window
@@ -87,11 +86,12 @@ def keep_logs(work: Path, out_dir: Path) -> None:
         shutil.copytree(work / "streams", out_dir / "streams", dirs_exist_ok=True)
 
 
-class EdgeRun(EdgeSetup, EdgeFailover):
+class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
     """The running edge: fabric, routers, counters; runs one phase after the other.
 
-    Its parts by what a phase does: set up the routing (``EdgeSetup``), cut and restore
-    (``EdgeFailover``); here the bring-up, the streams and the counters."""
+    Its parts by what a phase does: set up the routing (``EdgeSetup``), start the streams'
+    programs and probe their paths (``EdgePrograms``), cut and restore (``EdgeFailover``);
+    here the bring-up and the phase itself, inside one measurement window."""
 
     def __init__(self, plan: Plan, fabric: Fabric, progress: Progress) -> None:
         self.plan = plan
@@ -256,100 +256,6 @@ class EdgeRun(EdgeSetup, EdgeFailover):
                 "flows": flows, "events": events, "cpu_idle_pct": judged["cpu_idle_pct"],
                 "cpu_idle_min_pct": judged["cpu_idle_min_pct"],
                 "lab_cpu_pct": judged["lab_cpu_pct"], "fidelity_window_s": judged["window_s"]}
-
-    def probe(self, phase: str, flows: list[dict[str, Any]]) -> None:
-        """TTL-limited probes with each origin stream's 5-tuple: which uplink does it hash to?
-
-        The ISP answers from the address of the interface the probe arrived on
-        (``icmp_errors_use_inbound_ifaddr``), which names the uplink; max TTL 3 (dccore,
-        border, ISP) so no probe reaches the CDN node.
-        """
-        mine = [f for f in flows if f["role"] != "ingest"]
-        if not mine:
-            return
-        by_addr = {a.split("/")[0]: (r["name"], intf) for r in self.desc["routers"]
-                   for intf, addrs in r["interfaces"].items() for a in addrs}
-        arg = json.dumps([[f["proto"], f["src_ip"], f["dst_ip"], f["sport"], f["dport"]]
-                          for f in mine])
-        origin = self.host(mine[0]["src"])
-        out = origin.cmd(f"{shlex.join(agents.command('probe'))} --max-ttl 3 --timeout 2 "
-                         f"--flows '{arg}'")
-        start = out.find('{"flows"')
-        traces = json.loads(out[start:])["flows"] if start >= 0 else [[] for _ in mine]
-        for f, hops in zip(mine, traces, strict=True):
-            uplink = None
-            for hop in hops:
-                _, intf = by_addr.get(hop["from"], (None, None))
-                port = next((p for p in self.rports if p.peer_intf == intf
-                             and p.role == "uplink" and p.node.startswith("border")), None)
-                if port is not None:
-                    uplink = port.name
-            f["probe"] = {"hops": [{**h, "node": by_addr.get(h["from"], ("?", ""))[0],
-                                    "intf": by_addr.get(h["from"], ("", "?"))[1]}
-                                   for h in hops],
-                          "uplink": uplink,
-                          "agrees": uplink is not None and f["uplinks"] == [uplink]}
-
-    # -- processes -----------------------------------------------------------------------------
-    def start_players(self, streams: list[Stream], work: Path, duration: float) -> list[Any]:
-        procs = []
-        by_dst: dict[str, list[Stream]] = {}
-        for s in streams:
-            by_dst.setdefault(s.dst, []).append(s)
-        ready = []
-        for dst, group in by_dst.items():
-            rf = work / f"{dst}.ready"
-            cmd = [*agents.command("streamer"), "play", "--proto", group[0].proto,
-                   "--bind", group[0].dst_ip, "--port", str(group[0].dport),
-                   "--streams", str(len(group)),
-                   # A guard against senders that never come, not a schedule: the senders
-                   # start after every player is ready, which may take programs.ready_timeout_s().
-                   "--timeout", f"{duration + programs.ready_timeout_s() + 25:g}",
-                   "--ready-file", str(rf), "--out", str(work / f"{dst}.play.json")]
-            procs.append(programs.spawn(self.fabric, dst, cmd, work / f"{dst}.play.log",
-                                        f"player {dst}"))
-            ready.append(rf)
-        # A player says it is ready by its file; one that died is reported at once.
-        dead, waiting = programs.wait_ready(ready, procs, stop_at_death=True)
-        if dead or waiting:
-            raise MachineError("streams", f"players not ready "
-                               f"({'exited' if dead else 'timed out'}): {dead or waiting}")
-        return procs
-
-    def start_senders(self, streams: list[Stream], work: Path, duration: float) -> list[Any]:
-        procs = []
-        sp = self.params["streams"]
-        for s in streams:
-            cmd = [*agents.command("streamer"), "send", "--stream-id",
-                   str(s.stream_id), "--proto", s.proto, "--bind", s.src_ip, "--sport",
-                   str(s.sport), "--dst", s.dst_ip, "--dport", str(s.dport), "--rate-mbps",
-                   f"{s.rate_mbps:g}", "--fps", f"{sp['fps']:g}", "--duration", f"{duration:g}",
-                   "--linger", "10", "--out", str(work / f"{s.stream_id}.send.json"),
-                   "--ready-file", str(work / f"{s.stream_id}.send.ready")]
-            if s.proto == "tcp":
-                cmd += ["--cc", sp["cc"]]
-            procs.append(programs.spawn(self.fabric, s.src, cmd,
-                                        work / f"{s.stream_id}.send.log", f"sender {s.id}"))
-        # Every stream of the phase starts at once, when all are connected.
-        programs.go([work / f"{s.stream_id}.send.ready" for s in streams], procs)
-        return procs
-
-    def host(self, name: str) -> Any:
-        return self.fabric.host(name)
-
-    def read_stream(self, s: Stream, work: Path) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        try:
-            play = json.loads((work / f"{s.dst}.play.json").read_text())
-            out["player"] = next((x for x in play["streams"] if x["stream_id"] == s.stream_id),
-                                 None)
-        except (OSError, ValueError, KeyError):
-            out["player"] = None
-        try:
-            out["sender"] = json.loads((work / f"{s.stream_id}.send.json").read_text())
-        except (OSError, ValueError):
-            out["sender"] = None
-        return out
 
     # -- result entries -----------------------------------------------------------------------
     def flow_entry(self, s: Stream, ovs: dict, nft: dict) -> dict[str, Any]:
