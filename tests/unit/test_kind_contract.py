@@ -113,3 +113,18 @@ def test_a_result_from_before_the_envelope_is_read_as_the_ecmp_result_it_was(tmp
     # A result that says its kind keeps it.
     (tmp_path / "result.json").write_text(json.dumps({**old, "kind": "streaming"}))
     assert load_result(tmp_path)["kind"] == "streaming"
+
+
+def test_no_private_name_crosses_a_module_in_the_kinds_report_run_and_regress():
+    """What one module keeps to itself (a ``_`` name) is not another's to import: shared
+    helpers are public where they live (``lab.report.html``, the kinds' own modules)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    files = [*(root / "lab" / "kinds").rglob("*.py"), *(root / "lab" / "report").rglob("*.py"),
+             root / "lab" / "run.py", *(root / "lab").glob("regress*.py")]
+    crossing = [f"{f.relative_to(root)}:{node.lineno} {alias.name}"
+                for f in files for node in ast.walk(ast.parse(f.read_text()))
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lab")
+                for alias in node.names if alias.name.startswith("_")]
+    assert crossing == []
