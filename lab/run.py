@@ -22,7 +22,7 @@ from typing import Any
 from controllers import policies as policy_registry
 from lab import kinds
 from lab.analysis import partition
-from lab.kinds.base import Kind, Plan, Progress
+from lab.kinds.base import ENVELOPE_KEYS, Kind, Plan, Progress
 from lab.machine import environment, state
 from lab.measure import live as measure_live
 from lab.measure import telemetry
@@ -31,7 +31,7 @@ from lab.model import cluster as cluster_model
 from lab.model.errors import MachineError
 from lab.model.flows import FlowSpec
 from lab.model.policies import policy_names
-from lab.model.result import ENVELOPE_KEYS, validate
+from lab.model.result import validate
 from lab.net.cluster import ClusterRun
 from lab.net.fabric import Fabric
 from lab.net.topobase import refuse_without_netem

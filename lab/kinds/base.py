@@ -38,6 +38,10 @@ if TYPE_CHECKING:                       # a type only: the kinds' interface name
     from lab.net.fabric import Fabric
 
 Progress = Callable[[str], None]
+#: The envelope: the fields ``lab.run.stamp`` puts on every result, whatever its kind
+#: (``Plan.envelope``, then ``timings`` and ``finished``); a kind's part never carries them.
+ENVELOPE_KEYS = ("schema", "scenario", "kind", "policy", "policy_file", "seed", "params",
+                 "environment", "topology", "timings", "finished")
 #: A kind's plots, as ``lab.plotting`` specs (None: nothing to say about this one).
 Plots = Sequence[Spec | Skipped | None]
 

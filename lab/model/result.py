@@ -15,11 +15,6 @@ from lab.model.errors import LabError
 
 SCHEMA_VERSION = 1
 
-#: The envelope: the fields ``lab.run.stamp`` puts on every result, whatever its kind
-#: (``lab.kinds.base.Plan.envelope``, then ``timings`` and ``finished``). A kind's own part
-#: never carries them.
-ENVELOPE_KEYS = ("schema", "scenario", "kind", "policy", "policy_file", "seed", "params",
-                 "environment", "topology", "timings", "finished")
 #: Before the envelope was stamped in one place, the ecmp kind's results were the only ones
 #: written without ``kind``: a schema-1 result without it is an ecmp result.
 KIND_BEFORE_ENVELOPE = "ecmp"

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from lab import kinds, run
-from lab.kinds.base import Kind
+from lab.kinds.base import ENVELOPE_KEYS, Kind
 from lab.machine import environment
 from lab.model.errors import MachineError
-from lab.model.result import ENVELOPE_KEYS, load_result, validate
+from lab.model.result import load_result, validate
 from lab.report import write_report
 
 BROKEN_KIND = '''
