@@ -28,7 +28,7 @@ def _cmd_list(_args: argparse.Namespace) -> int:
 
 def _print_summary(out_dir: Path, result: dict) -> None:
     from lab import kinds
-    kind = kinds.get(result.get("kind", "ecmp"))
+    kind = kinds.get(result["kind"])
     fid = result["fidelity"]
     print(f"\n{result['scenario']}  policy={result['policy']}  seed={result['seed']}  "
           f"{result['duration_s']:.1f} s  datapath={result['environment']['datapath']}  "
@@ -56,7 +56,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
                       seed=args.seed, runtime=args.controller, live=args.live,
                       cluster=args.cluster, progress=lambda msg: print(msg, flush=True))
     for out_dir, result in results:
-        result.setdefault("kind", "ecmp")
         _print_summary(out_dir, result)
     return 0
 

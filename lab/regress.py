@@ -68,10 +68,9 @@ def metric_of(key: str) -> Metric:
 # -- what one emulated result says -------------------------------------------------------------
 
 def extract(result: dict[str, Any]) -> dict[str, float]:
-    """The regression metrics of one result, as its kind defines them (``regress_metrics``;
-    results from before kinds existed are ``ecmp``). Keys are ``METRICS`` names, prefixed
-    with a phase for phased kinds."""
-    return kinds.get(result.get("kind") or "ecmp").regress_metrics(result)
+    """The regression metrics of one result, as its kind defines them (``regress_metrics``).
+    Keys are ``METRICS`` names, prefixed with a phase for phased kinds."""
+    return kinds.get(result["kind"]).regress_metrics(result)
 
 
 # -- many trials -------------------------------------------------------------------------------
@@ -160,8 +159,7 @@ def validate_inputs(scenarios: Sequence[str], policies_: Sequence[str], sets: Se
         for policy in policies_:
             for plan in runmod.make_plans(name, policy=policy, sets=list(sets),
                                           duration=duration, seed=1):
-                if hasattr(plan.kind, "prepare"):
-                    plan.kind.prepare(plan)
+                plan.kind.prepare(plan)
 
 
 # -- baselines ---------------------------------------------------------------------------------

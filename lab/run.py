@@ -22,7 +22,7 @@ from typing import Any
 from controllers import policies as policy_registry
 from lab import kinds
 from lab.analysis import partition
-from lab.kinds.base import Plan, Progress
+from lab.kinds.base import ENVELOPE_KEYS, Kind, Plan, Progress
 from lab.machine import environment, state
 from lab.measure import live as measure_live
 from lab.measure import telemetry
@@ -43,7 +43,7 @@ class CheckedInput:
     """A scenario with every ``--set`` and override applied and checked; no machine yet."""
 
     scenario: scenario.Scenario
-    kind: Any
+    kind: Kind
     params: dict[str, Any]
     topo_desc: dict[str, Any]
     flows: list[Any]
@@ -60,7 +60,7 @@ def check_input(name: str, policy: str | None = None, sets: list[str] | None = N
     """
     sc = scenario.load(name)
     kind = kinds.get(sc.kind)
-    params = scenario.apply_sets(sc.params, scenario.parse_set(sets or []), kind.SCHEMA)
+    params = scenario.apply_sets(sc.params, scenario.parse_set(sets or []), kind.schema)
     if policy is not None:
         params["policy"] = policy
     if duration is not None:
@@ -72,14 +72,14 @@ def check_input(name: str, policy: str | None = None, sets: list[str] | None = N
     params.setdefault("duration", 10.0)
     if params["policy"] != "all":
         policy_names(str(params["policy"]))
-    scenario.validate(params, kind.SCHEMA)
-    if hasattr(kind, "topology_defaults"):     # what the kind's run needs of its topology
-        params["topology"] = {**kind.topology_defaults(params), **params.get("topology", {})}
+    scenario.validate(params, kind.schema)
+    # What the kind's run needs of its topology, unless the scenario or a --set says.
+    params["topology"] = {**kind.topology_defaults(params), **params.get("topology", {})}
     params["rate_scale"] = float(params.get(
         "rate_scale", environment.vm_rate_scale(params.get("tcg_rate_scale"))))
     if params["rate_scale"] != 1.0:
         topo = params.get("topology", {})
-        defaults = {**getattr(kind, "DEFAULTS", {}),
+        defaults = {**kind.defaults,
                     "topology": build_defaults(topo if isinstance(topo, dict) else {})}
         params = scenario.scale_rates(params, params["rate_scale"], defaults)
     topo_desc = describe(make_topology(params.get("topology", {})))
@@ -209,35 +209,62 @@ def execute(plan: Plan, out_dir: Path, progress: Progress = print,
     the schema and written.
     """
     kind = plan.kind
-    prepared = kind.prepare(plan) if hasattr(kind, "prepare") else None
+    prepared = kind.prepare(plan)
     out_dir.mkdir(parents=True, exist_ok=True)
     t_run = time.monotonic()
     with fabric_session(f"{plan.scenario.name}-{plan.policy_label}", plan.topology(), plan.env,
                         plan.runtime, plan.policy, int(plan.params["seed"]),
                         cluster) as fabric:
         try:
-            result = kind.run(plan, fabric, progress, prepared)
-            if plan.expected is not None:
-                result["fidelity"]["expected"] = plan.expected.as_dict()
+            part = kind.run(plan, fabric, progress, prepared)
         finally:
             keep_logs(fabric.run_dir, out_dir)
-            if hasattr(kind, "keep_logs"):
-                kind.keep_logs(fabric.run_dir, out_dir)
-    timings = result.setdefault("timings", {})
-    timings.update({k: round(v, 3) for k, v in fabric.timings.items()})
+            kind.keep_logs(fabric.run_dir, out_dir)
+    timings = {k: round(v, 3) for k, v in fabric.timings.items()}
     if cluster is not None:
         timings.update({k: round(v, 3) for k, v in cluster.timings.items()})
-        result["cluster"] = cluster_section(cluster, result)
-        bad = cluster.invalid_because() + [
-            f"worker {name} CPU-bound: least idle second {f['cpu_idle_min_pct']:.0f}% "
-            f"(< {telemetry.MIN_CPU_IDLE_PCT:g}%)" for name, f in cluster.fidelity.items()
-            if float(f["cpu_idle_min_pct"] or 0.0) < telemetry.MIN_CPU_IDLE_PCT]
-        if bad:
-            result["fidelity"]["valid"] = False
-            result["fidelity"].setdefault("notes", []).extend(bad)
     timings["wall_s"] = round(time.monotonic() - t_run, 3)
+    result = stamp(plan, part, timings)
+    if cluster is not None:
+        add_cluster(result, cluster)
     write_result(result, out_dir)
     return result
+
+
+def add_cluster(result: dict[str, Any], cluster: ClusterRun) -> None:
+    """A cluster run's ``cluster`` section, and its workers' verdicts in the fidelity: the
+    template's, whatever the kind (a run is only as valid as its busiest worker)."""
+    result["cluster"] = cluster_section(cluster, result)
+    bad = cluster.invalid_because() + [
+        f"worker {name} CPU-bound: least idle second {f['cpu_idle_min_pct']:.0f}% "
+        f"(< {telemetry.MIN_CPU_IDLE_PCT:g}%)" for name, f in cluster.fidelity.items()
+        if float(f["cpu_idle_min_pct"] or 0.0) < telemetry.MIN_CPU_IDLE_PCT]
+    if bad:
+        result["fidelity"]["valid"] = False
+        result["fidelity"]["notes"].extend(bad)
+
+
+def stamp(plan: Plan, part: dict[str, Any], timings: dict[str, float]) -> dict[str, Any]:
+    """The whole result: the envelope every result has (``Plan.envelope``: scenario, kind,
+    policy, seed, params, environment, topology), the kind's ``part``, ``timings`` and
+    when it ``finished``; the environment's notes and the expected fidelity join the
+    part's ``fidelity``.
+
+    A kind returns only its part; one that carries an envelope field is a bug in the kind,
+    refused here rather than silently overwritten.
+    """
+    clash = sorted(set(part) & set(ENVELOPE_KEYS))
+    if clash:
+        raise MachineError("result", f"the {plan.kind.name} kind's part carries envelope "
+                           f"fields: {', '.join(clash)}")
+    fidelity = dict(part["fidelity"])
+    fidelity["notes"] = [*plan.env.notes, *fidelity.get("notes", [])]
+    if plan.expected is not None:
+        fidelity["expected"] = plan.expected.as_dict()
+    return {**plan.envelope(), **part, "fidelity": fidelity, "timings": timings,
+            # When the run finished, in UTC: reports and comparisons date a run by it,
+            # not by the file's modification time, which a copy resets.
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
 def write_result(result: dict[str, Any], out_dir: Path) -> None:
@@ -245,9 +272,6 @@ def write_result(result: dict[str, Any], out_dir: Path) -> None:
     problems = validate(result)
     if problems:
         raise MachineError("result", "; ".join(problems))
-    # When the run finished, in UTC: reports and comparisons date a run by it, not by the
-    # file's modification time, which a copy resets.
-    result.setdefault("finished", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     (out_dir / "result.json").write_text(json.dumps(result, indent=1))
 
 

@@ -37,7 +37,7 @@ def _topology_keys() -> list[str]:
 #: Every key a scenario of any kind knows, as the user would write it in --set.
 SCHEMA_KEYS: list[str] = sorted(
     {*scenario.COMMON_SCHEMA, *_topology_keys(),
-     *(k for name in kinds.KINDS for k in kinds.get(name).SCHEMA)})
+     *(k for name in kinds.KINDS for k in kinds.get(name).schema)})
 BARE_KEYS = sorted({k.rsplit(".", 1)[-1] for k in SCHEMA_KEYS})
 PHASE_KEYS = [f"phases.{p}.{k}" for p in ("hashed", "placed", "ecn", "tail-drop", "nope")
               for k in ("job.steps", "job.workers", "ecn.k_bytes", "placement.paths",
@@ -92,7 +92,7 @@ REAL = {name: _real(name) for name in SCENARIOS}
 def scenario_keys(name: str) -> list[str]:
     """The keys scenario ``name`` knows: its kind's, its topology's, its phases'."""
     data = REAL[name]
-    schema = {**scenario.COMMON_SCHEMA, **kinds.get(data["kind"]).SCHEMA}
+    schema = {**scenario.COMMON_SCHEMA, **kinds.get(data["kind"]).schema}
     cls = topology_class(data.get("topology", {}).get("type", "leafspine"))
     assert cls is not None
     found = {*schema, "topology.type",

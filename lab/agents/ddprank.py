@@ -44,7 +44,7 @@ import copy
 from typing import Any
 
 from lab.agents import golatch
-from lab.agents.common import tcp_info, write_json
+from lab.agents.common import write_json
 from lab.agents.gloorank import ELEMENT_BYTES, GlooRank
 from lab.agents.workerbase import CollectiveError, now, stamp
 
@@ -57,9 +57,6 @@ BATCH = 16
 SPLIT_BYTES = BLOCKS * 2 * WIDTH * ELEMENT_BYTES
 #: Share of --compute-s slept in forward (the rest in backward: about twice forward).
 FORWARD_SHARE = 1 / 3
-#: TCP_INFO counters a connection reports from the go on, not over its life: DDP's set-up
-#: (its parameter broadcast, each model's first iteration) is not the measured job's.
-FROM_GO = ("retransmits", "bytes_acked", "bytes_sent", "bytes_retrans", "segs_out")
 
 
 def hidden_width(size_bytes: int) -> int:
@@ -98,7 +95,6 @@ class DDPRank(GlooRank):
         self.buckets: list[dict[str, Any]] = []     # the current step's, from the hook
         self.bucket_bytes: list[int] = []            # the last measured step's
         self.params = 0
-        self.at_go: list[dict[str, Any]] = []       # each connection's TCP_INFO at the go
 
     # -- the model -----------------------------------------------------------------------------
 
@@ -200,9 +196,9 @@ class DDPRank(GlooRank):
         # DDP's constructor broadcasts rank 0's parameters: set-up, before the window.
         self._build(torch, groups)
         write_json({"rank": a.rank, "groups": self.groups}, a.conns_out)
-        if not golatch.ready_then_wait(a.ready_file, a.connect_timeout_s):
-            raise CollectiveError(f"no go from the lab within {a.connect_timeout_s:g} s")
-        self.at_go = [_info(s) for socks in self.socks for s in socks]
+        # Counters from the go (GlooRank.wait_for_go): DDP's parameter broadcast and each
+        # model's first iteration are set-up, not the measured job.
+        self.wait_for_go()
         self.dist.barrier(group=groups[0])     # every rank starts step 0 together
         self.t_ready = now()
         epoch = 0
@@ -217,15 +213,6 @@ class DDPRank(GlooRank):
             rec["retrans"] = self._retrans(e) - retrans0
             self.steps.append(rec)
 
-    def close(self) -> None:
-        """The gloo rank's close, each connection's counters then taken from the go."""
-        super().close()
-        if len(self.at_go) == len(self.connections):
-            for conn, base in zip(self.connections, self.at_go, strict=True):
-                for k in FROM_GO:
-                    if k in conn and k in base:
-                        conn[k] -= base[k]
-
     def summary(self, error: str | None) -> dict[str, Any]:
         out = super().summary(error)
         a = self.args
@@ -237,13 +224,6 @@ class DDPRank(GlooRank):
                       "hidden": hidden_width(a.size), "batch": BATCH,
                       "buckets": len(self.bucket_bytes), "bucket_bytes": self.bucket_bytes}
         return out
-
-
-def _info(sock: Any) -> dict[str, Any]:
-    try:
-        return tcp_info(sock)
-    except OSError:
-        return {}
 
 
 def _gpu_time(torch: Any) -> Any:

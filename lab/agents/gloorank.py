@@ -19,6 +19,12 @@ roll); here each epoch is a process group of its own (``new_group`` of every ran
 gloo context connects its own full mesh. All groups are made before the go, so every
 connection is known, and watched, before the first measured byte.
 
+A connection's own counters (``TCP_INFO``: bytes acked, retransmits, ...) are reported from
+the go on (``FROM_GO``), and its ``t_open`` is the go: gloo opened it at rendezvous, whose
+exchanges (and, for DDP, the parameter broadcast and first iteration) are set-up, not the
+job. The lab opens its measurement window just before the go, so these counters and the
+switches' count the same traffic.
+
 Threads are bounded (one intra-op and one inter-op thread, ``OMP_NUM_THREADS=1``) so that N
 ranks on two cores leave the emulated network its CPU. The JSON is the ring's (its
 ``steps`` and ``connections`` entries are the same), plus ``library``, ``torch``,
@@ -49,6 +55,9 @@ from lab.agents.workerbase import CollectiveError, cpu_s, now, stamp
 ALGORITHM = "ring"
 #: Bytes per element of the all-reduced tensor (float32, what gradients usually are).
 ELEMENT_BYTES = 4
+#: TCP_INFO counters a connection reports from the go on, not over its life: rendezvous
+#: (and whatever a program does before the go) is set-up, not the measured job.
+FROM_GO = ("retransmits", "bytes_acked", "bytes_sent", "bytes_retrans", "segs_out")
 _TCP_ESTABLISHED = "01"
 
 
@@ -102,6 +111,8 @@ class GlooRank:
         self.known: set[int] = set()
         self.rng = random.Random(args.seed + args.rank)
         self.t_ready: float | None = None
+        self.t_go: float | None = None
+        self.at_go: list[dict[str, Any]] = []       # each connection's TCP_INFO at the go
         self.torch_version: str | None = None
         self.dist: Any = None
 
@@ -212,8 +223,7 @@ class GlooRank:
         torch = self._import_torch()
         groups = self._rendezvous()
         write_json({"rank": a.rank, "groups": self.groups}, a.conns_out)
-        if not golatch.ready_then_wait(a.ready_file, a.connect_timeout_s):
-            raise CollectiveError(f"no go from the lab within {a.connect_timeout_s:g} s")
+        self.wait_for_go()
         # One tensor per size (a sweep: --steps steps of each, in order), made before the go.
         grads = [torch.zeros(size // ELEMENT_BYTES, dtype=torch.float32)
                  for size in a.sizes or [a.size]]
@@ -227,17 +237,32 @@ class GlooRank:
                 self.dist.barrier(group=groups[e])   # lined up again, outside step time
             self.steps.append(self._step(step, e, groups[e], grads[step // a.steps]))
 
+    def wait_for_go(self) -> None:
+        """Ready, then the lab's go; every connection's counters read at the go, from
+        which they are reported (``FROM_GO``)."""
+        a = self.args
+        if not golatch.ready_then_wait(a.ready_file, a.connect_timeout_s):
+            raise CollectiveError(f"no go from the lab within {a.connect_timeout_s:g} s")
+        self.t_go = now()
+        self.at_go = [_info(s) for socks in self.socks for s in socks]
+
     def close(self) -> None:
-        """Each connection's TCP_INFO (both ends report theirs), then leave the group."""
+        """Each connection's TCP_INFO from the go on (both ends report theirs), then leave
+        the group."""
         t = stamp(now())
+        socks_all = [s for socks in self.socks for s in socks]
+        base = self.at_go if len(self.at_go) == len(socks_all) else [{}] * len(socks_all)
+        i = 0
         for group, socks in zip(self.groups, self.socks, strict=False):
             for rec, sock in zip(group["connections"], socks, strict=True):
-                try:
-                    info = tcp_info(sock)
-                except OSError:
-                    info = {}
-                self.connections.append({**rec, **info, "t_close": t})
+                info = _info(sock)
+                for k in FROM_GO:
+                    if k in info and k in base[i]:
+                        info[k] -= base[i][k]
+                t_open = {} if self.t_go is None else {"t_open": stamp(self.t_go)}
+                self.connections.append({**rec, **info, **t_open, "t_close": t})
                 sock.close()
+                i += 1
         self.socks = []
         if self.dist is not None and self.dist.is_initialized():
             self.dist.destroy_process_group()
@@ -256,3 +281,11 @@ class GlooRank:
             "steps": self.steps, "groups": self.groups, "connections": self.connections,
             "cpu_s": cpu_s(), "error": error,
         }
+
+
+def _info(sock: socket.socket) -> dict[str, Any]:
+    """A connection's TCP_INFO, or nothing once the socket is gone."""
+    try:
+        return tcp_info(sock)
+    except OSError:
+        return {}

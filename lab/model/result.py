@@ -15,6 +15,10 @@ from lab.model.errors import LabError
 
 SCHEMA_VERSION = 1
 
+#: Before the envelope was stamped in one place, the ecmp kind's results were the only ones
+#: written without ``kind``: a schema-1 result without it is an ecmp result.
+KIND_BEFORE_ENVELOPE = "ecmp"
+
 TOP_KEYS = ("schema", "scenario", "policy", "seed", "duration_s", "environment", "topology",
             "links", "flows", "metrics", "fidelity")
 ENV_KEYS = ("datapath", "ecn", "delay", "controller", "kernel")
@@ -62,6 +66,15 @@ def load_result(run_dir: str | Path) -> dict[str, Any]:
     if not isinstance(result, dict):
         raise ResultError(str(path), f"not a FabricLab result: the top level is a "
                                      f"{type(result).__name__}, not an object")
+    return upgrade(result)
+
+
+def upgrade(result: dict[str, Any]) -> dict[str, Any]:
+    """A result as this lab writes it: one written before the envelope had ``kind`` gets
+    the kind it was (``KIND_BEFORE_ENVELOPE``). The one place old results are read into
+    new ones, so no reader has to guess a kind."""
+    if "kind" not in result and result.get("schema") == SCHEMA_VERSION:
+        result["kind"] = KIND_BEFORE_ENVELOPE
     return result
 
 

@@ -16,9 +16,11 @@ from lab.model.result import ResultError
 ReportError = ResultError
 
 
-def kind_of(result: dict[str, Any]) -> str:
-    """The result's kind; results from before kinds existed are ``ecmp``."""
-    return str(result.get("kind") or "ecmp")
+def kind_of(result: dict[str, Any]) -> str | None:
+    """The result's kind, or None when it does not say one (not a result this lab wrote:
+    ``lab.model.result.load_result`` gives the results of older labs theirs)."""
+    kind = result.get("kind")
+    return kind if isinstance(kind, str) else None
 
 
 @dataclass

@@ -27,6 +27,7 @@ on):
   its package (``lab/kinds/<kind>/plots.py``);
 - ``draw``: which specs a result gets, and drawing them (``make_plots``);
 - ``values``: values formatted once for the HTML and the terminal;
+- ``html``: the HTML every page is made of (escaping, tables, figures, the page frame);
 - ``page``: one run's report.html (``write_report``);
 - ``compare``: two runs side by side (``compare_rows``, ``write_compare``);
 - ``weathermap``: one phase's weathermap with flows a reader names drawn as paths.

@@ -9,8 +9,8 @@ from typing import Any
 from lab.model.result import load_result
 from lab.plotting.plots import Plot
 from lab.plotting.sections import dict_of, num, sections
-from lab.report.draw import _draw, _specs
-from lab.report.page import _e, _env_rows, _figure, _heading, _page, _run_date, _table
+from lab.report.draw import draw_spec, specs_for
+from lab.report.html import env_rows, escape, figure, heading, page, run_date, table
 from lab.report.values import flatten, format_value
 
 COMPARE_NAME = "compare.html"
@@ -103,8 +103,8 @@ def write_compare(dir_a: Path, dir_b: Path, out: Path) -> Path:
     ra, rb = load_result(dir_a), load_result(dir_b)
     path = out if out.suffix.lower() in (".html", ".htm") else out / COMPARE_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
-    specs_a, skip_a = _specs(ra, dir_a)
-    specs_b, skip_b = _specs(rb, dir_b)
+    specs_a, skip_a = specs_for(ra, dir_a)
+    specs_b, skip_b = specs_for(rb, dir_b)
     limits = {s.name: s.vmax for s in specs_a}
     for s in specs_b:
         limits[s.name] = max(limits.get(s.name, s.vmax), s.vmax)
@@ -112,8 +112,8 @@ def write_compare(dir_a: Path, dir_b: Path, out: Path) -> Path:
         da, db = Path(tmp) / "a", Path(tmp) / "b"
         da.mkdir()
         db.mkdir()
-        plots_a = {s.name: _draw(s, da, limits[s.name]) for s in specs_a}
-        plots_b = {s.name: _draw(s, db, limits[s.name]) for s in specs_b}
+        plots_a = {s.name: draw_spec(s, da, limits[s.name]) for s in specs_a}
+        plots_b = {s.name: draw_spec(s, db, limits[s.name]) for s in specs_b}
         pngs = {("a", n): (da / p.file).read_bytes() for n, p in plots_a.items()}
         pngs |= {("b", n): (db / p.file).read_bytes() for n, p in plots_b.items()}
     why_a = {s.name: s.reason for s in skip_a}
@@ -123,8 +123,8 @@ def write_compare(dir_a: Path, dir_b: Path, out: Path) -> Path:
 
 
 def _side(result: dict[str, Any], run_dir: Path, tag: str) -> str:
-    return (f"<b>{tag}</b>: {_e(_heading(result))} <span class='muted'>({_e(run_dir)}, "
-            f"finished {_e(_run_date(run_dir))})</span>")
+    return (f"<b>{tag}</b>: {escape(heading(result))} <span class='muted'>({escape(run_dir)}, "
+            f"finished {escape(run_date(run_dir))})</span>")
 
 
 def compare_html(ra: dict[str, Any], rb: dict[str, Any], dir_a: Path, dir_b: Path,
@@ -140,20 +140,22 @@ def compare_html(ra: dict[str, Any], rb: dict[str, Any], dir_a: Path, dir_b: Pat
     warn = ""
     if ra.get("scenario") != rb.get("scenario"):
         warn = ("<p class='bad'>Different scenarios: the numbers need not be comparable.</p>")
-    env_a, env_b = dict(_env_rows(ra)), dict(_env_rows(rb))
-    env_rows = [(k, format_value(k, env_a.get(k)), format_value(k, env_b.get(k)))
-                for k in dict.fromkeys([*env_a, *env_b])]
+    env_a, env_b = dict(env_rows(ra)), dict(env_rows(rb))
+    env_pairs = [(k, format_value(k, env_a.get(k)), format_value(k, env_b.get(k)))
+                 for k in dict.fromkeys([*env_a, *env_b])]
     fa, fb = dict_of(ra.get("fidelity")), dict_of(rb.get("fidelity"))
     for key in ("valid", "cpu_idle_min_pct"):
-        env_rows.append((f"fidelity.{key}", format_value(key, fa.get(key)),
+        env_pairs.append((f"fidelity.{key}", format_value(key, fa.get(key)),
                          format_value(key, fb.get(key))))
     rows = compare_rows(ra, rb)
     metric_rows = "".join(
-        f"<tr{' class=diff' if d not in ('0', 'same') else ''}><td>{_e(m)}</td>"
-        f"<td class='n'>{_e(a)}</td><td class='n'>{_e(b)}</td><td class='n'>{_e(d)}</td></tr>"
+        f"<tr{' class=diff' if d not in ('0', 'same') else ''}><td>{escape(m)}</td>"
+        f"<td class='n'>{escape(a)}</td><td class='n'>{escape(b)}</td>"
+        f"<td class='n'>{escape(d)}</td></tr>"
         for m, a, b, d in rows)
     metrics = ("<div class='wrap'><table><thead><tr><th>metric</th>"
-               f"<th>{_e(label_a)}</th><th>{_e(label_b)}</th><th>Δ (B − A)</th></tr></thead>"
+               f"<th>{escape(label_a)}</th><th>{escape(label_b)}</th><th>Δ (B − A)</th>"
+               "</tr></thead>"
                f"<tbody>{metric_rows}</tbody></table></div>")
     names = list(dict.fromkeys([*plots_a, *plots_b]))
     pairs = []
@@ -161,22 +163,22 @@ def compare_html(ra: dict[str, Any], rb: dict[str, Any], dir_a: Path, dir_b: Pat
         cells = []
         for tag, plots, why in (("a", plots_a, why_a), ("b", plots_b, why_b)):
             p = plots.get(n)
-            cells.append(_figure(p, pngs[(tag, n)], caption=False) if p else
+            cells.append(figure(p, pngs[(tag, n)], caption=False) if p else
                          f"<p class='muted'>not made for this run: "
-                         f"{_e(why.get(n, 'no such data'))}</p>")
+                         f"{escape(why.get(n, 'no such data'))}</p>")
         p = plots_a.get(n) or plots_b[n]
         cap_a = plots_a[n].caption if n in plots_a else ""
         cap_b = plots_b[n].caption if n in plots_b else ""
-        pairs.append(f"<h3>{_e(p.title)}</h3><div class='pair'><div><p><b>{_e(label_a)}</b>"
-                     f"</p>{cells[0]}<p class='muted'>{_e(cap_a)}</p></div><div><p><b>"
-                     f"{_e(label_b)}</b></p>{cells[1]}<p class='muted'>{_e(cap_b)}</p>"
+        pairs.append(f"<h3>{escape(p.title)}</h3><div class='pair'><div><p><b>{escape(label_a)}</b>"
+                     f"</p>{cells[0]}<p class='muted'>{escape(cap_a)}</p></div><div><p><b>"
+                     f"{escape(label_b)}</b></p>{cells[1]}<p class='muted'>{escape(cap_b)}</p>"
                      "</div></div>")
-    body = (f"<h1>FabricLab compare: {_e(ra.get('scenario', '?'))} — {_e(label_a)} vs "
-            f"{_e(label_b)}</h1><p>{_side(ra, dir_a, 'A')}<br>{_side(rb, dir_b, 'B')}</p>"
+    body = (f"<h1>FabricLab compare: {escape(ra.get('scenario', '?'))} — {escape(label_a)} vs "
+            f"{escape(label_b)}</h1><p>{_side(ra, dir_a, 'A')}<br>{_side(rb, dir_b, 'B')}</p>"
             f"{warn}<h2>Set-up</h2>"
-            + _table(("field", label_a, label_b), env_rows)
+            + table(("field", label_a, label_b), env_pairs)
             + "<h2>Metrics</h2><p>Rows where the runs differ are shaded; Δ is B − A, with "
               "the change relative to A in brackets.</p>" + metrics
             + "<h2>Plots</h2><p>Each pair is drawn on the same axis limits.</p>"
             + ("".join(pairs) or "<p class='muted'>no plots</p>"))
-    return _page(f"FabricLab compare: {ra.get('scenario', '?')} {label_a} vs {label_b}", body)
+    return page(f"FabricLab compare: {ra.get('scenario', '?')} {label_a} vs {label_b}", body)

@@ -18,7 +18,7 @@ from lab.plotting.weathermap import weathermap_spec
 WIDTH_IN, DPI = 8.0, 100
 
 
-def _specs(result: dict[str, Any], run_dir: Path | None) -> tuple[list[Spec], list[Skipped]]:
+def specs_for(result: dict[str, Any], run_dir: Path | None) -> tuple[list[Spec], list[Skipped]]:
     """Every plot the result has data for, in report order, and the ones it has not."""
     specs: list[Spec] = []
     skipped: list[Skipped] = []
@@ -33,21 +33,21 @@ def _specs(result: dict[str, Any], run_dir: Path | None) -> tuple[list[Spec], li
             skipped.append(made)
 
     # A kind's own plots come from the kind (``run_plots`` before, ``section_plots`` after
-    # the ones every run gets); a result of a kind this lab no longer has gets none.
+    # the ones every run gets); a result of a kind this lab does not have gets none.
     own = kinds.get(kind) if kind in kinds.KINDS else None
-    for made in getattr(own, "run_plots", lambda _r, _s: [])(result, secs):
+    for made in own.run_plots(result, secs) if own else []:
         add(made)
     for sec in secs:
         add(weathermap_spec(sec, result))
         add(util_spec(sec))
         add(queue_spec(sec, queue_limit))
         add(goodput_spec(sec))
-        for made in getattr(own, "section_plots", lambda _s, _d: [])(sec, run_dir):
+        for made in own.section_plots(sec, run_dir) if own else []:
             add(made)
     return specs, skipped
 
 
-def _draw(spec: Spec, out_dir: Path, limit: float | None = None) -> Plot:
+def draw_spec(spec: Spec, out_dir: Path, limit: float | None = None) -> Plot:
     """Draw one spec to ``out_dir``/<name>.png and read back the words that ended up on it."""
     import matplotlib
     matplotlib.use("Agg")
@@ -77,6 +77,6 @@ def make_plots(result: dict[str, Any], out_dir: Path,
     value-axis extent per plot name (a comparison draws both runs on one scale).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    specs, skipped = _specs(result, run_dir)
-    made = [_draw(s, out_dir, (limits or {}).get(s.name)) for s in specs]
+    specs, skipped = specs_for(result, run_dir)
+    made = [draw_spec(s, out_dir, (limits or {}).get(s.name)) for s in specs]
     return made, skipped

@@ -10,7 +10,7 @@ from lab.model.result import load_result
 from lab.plotting.plots import Plot, Skipped
 from lab.plotting.sections import ReportError, sections
 from lab.plotting.weathermap import flow_group, weathermap_spec
-from lab.report.draw import _draw
+from lab.report.draw import draw_spec
 
 
 def draw_weathermap(run_dir: Path, out_dir: Path, phase: str = "",
@@ -29,4 +29,4 @@ def draw_weathermap(run_dir: Path, out_dir: Path, phase: str = "",
     if isinstance(spec, Skipped):
         return spec
     out_dir.mkdir(parents=True, exist_ok=True)
-    return _draw(spec, out_dir)
+    return draw_spec(spec, out_dir)

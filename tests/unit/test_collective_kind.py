@@ -7,8 +7,8 @@ import random
 import pytest
 
 from lab import run
-from lab.kinds.collective import jobplan as kind
 from lab.kinds.collective import metrics as jm
+from lab.kinds.collective import plan as kind
 from lab.model.errors import ScenarioError
 from lab.net.topologies import describe, make_topology
 

@@ -6,8 +6,8 @@ import pytest
 
 from controllers.marking import DCTCP_K_FLOOR_BYTES, dctcp_k_bytes
 from lab import run
-from lab.kinds.collective import jobplan as kind
-from lab.kinds.collective.runner import parse_ping_min_ms
+from lab.kinds.collective import plan as kind
+from lab.kinds.collective.setup import parse_ping_min_ms
 from lab.model.errors import MachineError, ScenarioError
 
 

@@ -44,7 +44,7 @@ def test_the_scenario_checks_and_its_model_holds_exactly_s():
 
 
 def test_ddp_without_torch_is_refused_before_anything_starts(monkeypatch):
-    from lab.kinds import collective
+    from lab.kinds.collective import plan as collective
     monkeypatch.setattr(environment, "collective_library",
                         lambda: {"torch": None, "gloo": False, "numpy": None,
                                  "numpy_bridge": False})

@@ -7,7 +7,7 @@ iperf3's control connection takes an ephemeral port; had it been one another flo
 import random
 
 from lab import kinds
-from lab.kinds.collective import runner as jobrun
+from lab.kinds.collective import run as jobrun
 from lab.model import scenario
 from lab.model.flows import FIXED_SPORTS, HOST_EPHEMERAL_PORTS, pick_source_ports
 from lab.net.topologies import describe, make_topology
@@ -26,7 +26,7 @@ def test_the_ranges_are_disjoint():
 def _plan(name: str, seed: int) -> list:
     sc = scenario.load(name)
     kind = kinds.get(sc.kind)
-    params = scenario.validate(dict(sc.params), kind.SCHEMA)
+    params = scenario.validate(dict(sc.params), kind.schema)
     desc = describe(make_topology(params["topology"]))
     return kind.plan(desc, params, random.Random(seed))
 

@@ -3,15 +3,20 @@ connections become flows, the sockets a rank finds, and the venv's torch and Num
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
 from lab import run
-from lab.agents.gloorank import own_tcp_sockets
+from lab.agents.common import tcp_info
+from lab.agents.gloorank import GlooRank, own_tcp_sockets
 from lab.kinds.collective import gloo
 from lab.machine import environment
 from lab.model.errors import MachineError, ScenarioError
@@ -55,7 +60,7 @@ def test_unknown_library_on_the_command_line_exits_2_with_one_line():
 
 def test_gloo_without_torch_is_refused_before_anything_starts(monkeypatch):
     """The machine check, before the lab's session: the probe says no torch."""
-    from lab.kinds import collective
+    from lab.kinds.collective import plan as collective
     monkeypatch.setattr(environment, "collective_library",
                         lambda: {"torch": None, "gloo": False, "numpy": None,
                                  "numpy_bridge": False})
@@ -160,3 +165,56 @@ def test_torch_and_matplotlib_work_in_one_interpreter():
     lib = environment.collective_library()
     assert lib["gloo"] and lib["numpy_bridge"], lib
 
+
+
+def _acked(sock: socket.socket, want: int) -> None:
+    """Wait until TCP says ``want`` bytes of ``sock`` were acknowledged (loopback: at once)."""
+    deadline = time.monotonic() + 5
+    while tcp_info(sock).get("bytes_acked", 0) < want and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_a_gloo_ranks_connection_counters_start_at_the_go(tmp_path):
+    """gloo opens its connections at rendezvous, long before the job: what the rank reports
+    of each (TCP_INFO's bytes acked, retransmits, ...) and its ``t_open`` start at the
+    lab's go, so rendezvous and set-up bytes are not the job's (real sockets, the real go)."""
+    setup, job = 50_000, 200_000
+    server = socket.create_server(("127.0.0.1", 0))
+    sender = socket.create_connection(server.getsockname())
+    receiver, _ = server.accept()
+    rank = GlooRank(argparse.Namespace(seed=1, rank=0, ready_file=str(tmp_path / "ready"),
+                                       connect_timeout_s=5.0))
+    src, sport = sender.getsockname()
+    rank.groups = [{"epoch": 0, "connections": [
+        {"epoch": 0, "src": src, "sport": sport, "dst": src,
+         "dport": server.getsockname()[1], "peer_rank": 1}]}]
+    rank.socks = [[sender]]
+
+    def move(n: int) -> None:
+        sender.sendall(b"s" * n)
+        got = 0
+        while got < n:
+            got += len(receiver.recv(65536))
+
+    try:
+        move(setup)                               # rendezvous: before the go
+        _acked(sender, setup)
+        before_go = tcp_info(sender)["bytes_acked"]
+        masked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        try:
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)   # the lab's go
+            rank.wait_for_go()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, masked)
+        move(job)                                 # the job: after it
+        _acked(sender, before_go + job)
+        rank.close()
+    finally:
+        for s in (receiver, server):
+            s.close()
+    (conn,) = rank.connections
+    assert before_go >= setup
+    assert conn["bytes_acked"] == job, conn
+    assert conn["retransmits"] == 0
+    assert rank.t_go is not None and conn["t_open"] == round(rank.t_go, 6) <= conn["t_close"]
+    assert (tmp_path / "ready").read_text() == "ready\n"

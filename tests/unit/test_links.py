@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from lab.kinds.streaming import wan_fidelity
+from lab.kinds.streaming.metrics import wan_fidelity
 from lab.model.errors import MachineError, TopologyError
 from lab.net.edge import DEFAULT_WAN_DELAY_MS
 from lab.net.links import (

@@ -8,7 +8,7 @@ from lab.model.errors import ScenarioError
 
 
 def ecmp():
-    return scenario.load("ecmp-basic"), kinds.get("ecmp").SCHEMA
+    return scenario.load("ecmp-basic"), kinds.get("ecmp").schema
 
 
 def test_ecmp_basic_loads_with_the_issue_defaults():

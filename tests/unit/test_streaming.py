@@ -8,8 +8,8 @@ import random
 import pytest
 
 from lab import kinds
-from lab.kinds import streaming
 from lab.kinds.streaming.metrics import fidelity_span
+from lab.kinds.streaming.plan import PHASES
 from lab.measure import routerstats
 from lab.model import scenario
 from lab.model.errors import ScenarioError, TopologyError
@@ -19,9 +19,9 @@ from lab.net.topologies import describe, make_topology
 def plan_for(sets=()):
     sc = scenario.load("streaming-incident")
     kind = kinds.get(sc.kind)
-    params = scenario.apply_sets(sc.params, scenario.parse_set(list(sets)), kind.SCHEMA)
+    params = scenario.apply_sets(sc.params, scenario.parse_set(list(sets)), kind.schema)
     params.setdefault("duration", 8.0)
-    scenario.validate(params, kind.SCHEMA)
+    scenario.validate(params, kind.schema)
     desc = describe(make_topology(params["topology"]))
     return desc, params, kind.plan(desc, params, random.Random(params.get("seed", 1)))
 
@@ -50,8 +50,8 @@ def test_border_announces_only_the_dc_prefix():
 
 def test_plan_has_every_phase_and_distinct_5tuples():
     _, _, streams = plan_for()
-    assert [p for p in streaming.PHASES if any(s.phase == p for s in streams)] == \
-        list(streaming.PHASES)
+    assert [p for p in PHASES if any(s.phase == p for s in streams)] == \
+        list(PHASES)
     tuples = [(s.src_ip, s.dst_ip, s.sport, s.dport) for s in streams]
     assert len(set(tuples)) == len(tuples)
     inc = [s for s in streams if s.phase == "incident"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab.kinds.collective.jobplan import Conn
+from lab.kinds.collective.plan import Conn
 from lab.model.flows import FlowSpec
 
 #: The rendezvous: rank 0's fabric address, this port (TCPStore).

@@ -9,7 +9,9 @@
 - ideal_comm_s = 2(N−1)/N · S / B for the ring's bottleneck rate B: what a perfect ring
   would take; the measured time sits beside it.
 
-Pure functions over plain data, so the tests can check them without a network.
+Pure functions over plain data, so the tests can check them without a network; and the
+kind's part of result.json assembled from its phases, the lines ``fabriclab run`` prints
+and what ``fabriclab regress`` holds a policy to.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import itertools
 from typing import Any
 
 from controllers.marking import tcp_wire_ceiling_bps
+from lab.kinds.base import PhaseCounts, Plan, phased_part
 from lab.model.stats import percentile
 
 
@@ -315,3 +318,52 @@ def phase_line(mt: dict[str, Any]) -> str:
     if mt.get("ce_marked"):
         line += f", {mt['ce_marked']} CE marks"
     return line
+
+
+# -- the kind's part of result.json ----------------------------------------------------------
+def assemble(plan: Plan, phases: dict[str, Any], loss: float,
+             skipped: dict[str, str]) -> dict[str, Any]:
+    """The kind's part of result.json (``lab.kinds.base.phased_part``): top-level links,
+    flows and metrics are the first phase's (the problem the scenario shows);
+    ``metrics.phases`` and ``phase_details`` hold every phase that ran,
+    ``metrics.phases_skipped`` why the others did not."""
+    first = next(iter(phases))
+    metrics = dict(phases[first]["metrics"])
+    metrics["phases"] = {n: p["metrics"] for n, p in phases.items()}
+    metrics["pingall_loss_pct"] = loss
+    metrics["phases_skipped"] = dict(skipped)
+    notes = [f"{n}: {why}" for n, why in skipped.items()]
+    counts = {n: PhaseCounts(
+        duration_s=p["duration_s"], links=p["links"], flows=p["flows"],
+        cpu_idle_min_pct=p["metrics"]["cpu_idle_min_pct"],
+        lab_cpu_pct=p["metrics"]["lab_cpu_pct"], valid=p["metrics"]["fidelity_valid"],
+        details={k: p[k] for k in ("duration_s", "links", "flows", "cpu_idle_pct")})
+        for n, p in phases.items()}
+    part = phased_part(plan, counts, first, metrics, notes=notes, valid=loss == 0,
+                       fidelity={"step_clock": "time.monotonic (ns resolution)"})
+    # What a phase's programs said went wrong, after the CPU notes of every phase.
+    part["fidelity"]["notes"] += [f"{n}: {e}" for n, p in phases.items()
+                                  for e in p["metrics"]["errors"]]
+    return part
+
+
+def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each phase's line (and a sweep's table), then the phases skipped and why."""
+    rows = []
+    for name, mt in result["metrics"]["phases"].items():
+        rows.append((name, phase_line(mt)))
+        if mt.get("sweep"):
+            rows += [("", line) for line in sweep_table(mt["sweep"])]
+    return rows + list((result["metrics"].get("phases_skipped") or {}).items())
+
+
+def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """Per hashed phase (a placed phase's paths are the lab's, no policy's): step p99, GPU
+    idle share and drops."""
+    out = {}
+    for name, mt in result["metrics"]["phases"].items():
+        if mt.get("paths") != "hash":
+            continue
+        for key in ("step_p99_s", "gpu_idle_fraction", "drops"):
+            out[f"{name}.{key}"] = float(mt[key])
+    return out

@@ -2,7 +2,7 @@
 ring ranks, incast sink and senders, micro-burst senders and receiver; and the NIC classes
 that put storage behind the ring.
 
-A mixin of ``JobRun`` (``runner``): it uses the run's hosts, addresses and spawn.
+A part of ``JobRun`` (``lab.kinds.collective.run``): it uses the run's hosts, addresses and spawn.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 from controllers.marking import htb_class_args
 from lab import agents
 from lab.kinds.base import Plan
-from lab.kinds.collective import jobplan as kind
+from lab.kinds.collective import plan as planning
 from lab.kinds.collective.gloo import GLOO_PORT
-from lab.kinds.collective.jobplan import Conn
+from lab.kinds.collective.plan import Conn
 from lab.machine import programs
 from lab.model.errors import MachineError
 from lab.net.links import tc_commands, wire_qdiscs
@@ -67,7 +67,7 @@ class JobPrograms:
                     f"tc qdisc add dev {dev} parent 1:11 handle 11: bfifo limit {limit}",
                     f"tc qdisc add dev {dev} parent 1:12 handle 12: bfifo limit {limit}",
                     f"tc filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip dport "
-                    f"{kind.STORAGE_PORT} 0xffff flowid 1:12",
+                    f"{planning.STORAGE_PORT} 0xffff flowid 1:12",
                 ]
             else:       # back to the layout every lab port has (lab/net/links.py)
                 cmds = tc_commands(dev, rate, limit)
@@ -87,11 +87,11 @@ class JobPrograms:
         procs = []
         for srv in st["hosts"]:
             procs.append(self.spawn(srv, [*agents.command("storage"), "serve",
-                                          "--listen", f"{self.ips[srv]}:{kind.STORAGE_PORT}",
+                                          "--listen", f"{self.ips[srv]}:{planning.STORAGE_PORT}",
                                           "--out", str(work / f"storage-{srv}.json")],
                                     work / f"storage-{srv}.log", f"storage server {srv}"))
         for srv in st["hosts"]:
-            self.wait_listening(srv, kind.STORAGE_PORT)
+            self.wait_listening(srv, planning.STORAGE_PORT)
         by_rank: dict[int, dict[str, Conn]] = {}
         for c in conns:
             by_rank.setdefault(c.rank, {})[c.spec.kind] = c
@@ -101,7 +101,7 @@ class JobPrograms:
             client = ckpt.spec.src
             clients.append(self.spawn(client, [
                 *agents.command("storage"), "client",
-                "--server", f"{ckpt.spec.dst_ip}:{kind.STORAGE_PORT}",
+                "--server", f"{ckpt.spec.dst_ip}:{planning.STORAGE_PORT}",
                 "--bind", self.ips[client], "--read-sport", str(read.spec.dport),
                 "--write-sport", str(ckpt.spec.sport), "--read-bps", str(st["read_mbps"] * 1e6),
                 "--checkpoint-bytes", str(st["checkpoint_bytes"]),
@@ -130,8 +130,8 @@ class JobPrograms:
                       if c.rank == r]
             nxt = hosts[(r + 1) % n]
             argv = [*agents.command("worker"), "ring", "--rank", str(r),
-                    "--world", str(n), "--listen", f"{self.ips[h]}:{kind.RING_PORT + r}",
-                    "--next", f"{self.ips[nxt]}:{kind.RING_PORT + (r + 1) % n}",
+                    "--world", str(n), "--listen", f"{self.ips[h]}:{planning.RING_PORT + r}",
+                    "--next", f"{self.ips[nxt]}:{planning.RING_PORT + (r + 1) % n}",
                     "--bind", self.ips[h], "--sports", ",".join(map(str, sports)),
                     "--size", str(job["size_bytes"]), "--steps", str(job["steps"]),
                     "--warmup", str(job["warmup"]), "--compute-s", str(job["compute_s"]),
@@ -183,16 +183,16 @@ class JobPrograms:
         rx = conns[0].spec.dst
         burst = job["size_bytes"] // len(conns)
         procs = [self.spawn(rx, [*agents.command("worker"), "incast-sink",
-                                 "--listen", f"{self.ips[rx]}:{kind.SINK_PORT}",
+                                 "--listen", f"{self.ips[rx]}:{planning.SINK_PORT}",
                                  "--senders", str(len(conns)), "--burst", str(burst),
                                  "--steps", str(job["steps"]), "--gap-s", str(job["compute_s"]),
                                  "--out", str(work / "sink.json")],
                             work / "sink.log", "incast sink")]
-        self.wait_listening(rx, kind.SINK_PORT)
+        self.wait_listening(rx, planning.SINK_PORT)
         for c in conns:
             f = c.spec
             procs.append(self.spawn(f.src, [*agents.command("worker"), "incast-send", "--connect",
-                                            f"{f.dst_ip}:{kind.SINK_PORT}", "--bind", f.src_ip,
+                                            f"{f.dst_ip}:{planning.SINK_PORT}", "--bind", f.src_ip,
                                             "--sport", str(f.sport), "--cc", job["cc"],
                                             "--out", str(work / f"{f.id}.json")],
                                     work / f"{f.id}.log", f"incast sender {f.id}"))
@@ -206,7 +206,7 @@ class JobPrograms:
         senders = [h for h in hosts if h != rx][:mb["senders"]]
         expect = len(senders) * mb["count"] * mb["bursts"]
         recv = self.spawn(rx, [*agents.command("microburst"), "--recv",
-                               "--bind", self.ips[rx], "--port", str(kind.BURST_PORT),
+                               "--bind", self.ips[rx], "--port", str(planning.BURST_PORT),
                                "--expect", str(expect), "--timeout-s", "6",
                                "--out", str(work / "burst-recv.json")],
                           work / "burst-recv.log", "micro-burst receiver")
@@ -219,8 +219,8 @@ class JobPrograms:
             procs.append(self.spawn(h, [
                 *agents.command("microburst"), "--iface", node.defaultIntf().name,
                 "--src-mac", self.macs[h], "--dst-mac", self.macs[rx], "--src-ip", self.ips[h],
-                "--dst-ip", self.ips[rx], "--sport", str(kind.BURST_PORT + 1 + i),
-                "--dport", str(kind.BURST_PORT), "--count", str(mb["count"]),
+                "--dst-ip", self.ips[rx], "--sport", str(planning.BURST_PORT + 1 + i),
+                "--dport", str(planning.BURST_PORT), "--count", str(mb["count"]),
                 "--size", str(mb["size"]), "--ecn", "ect0", "--bursts", str(mb["bursts"]),
                 "--gap-s", "0.5", "--start-at", f"{start_at:.6f}",
                 "--out", str(work / f"burst-{h}.json")],

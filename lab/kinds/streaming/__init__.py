@@ -20,28 +20,19 @@ Phases (``metrics.phases``, in this order):
 Mechanism lives in ``lab.net.edge`` (topology), ``lab.net.edgecontrol`` (hash, pinning, cuts),
 ``lab.measure.routerstats`` (router counters) and ``lab.agents.streamer`` (senders and players).
 
-The package: ``plan`` (the scenario's keys, its phases and their streams), ``edgerun`` (the
-running edge, driven phase by phase), ``runner`` (the run and the logs kept) and ``metrics``
-(result.json and the lines ``fabriclab run`` prints).
+The package: ``plan`` (the scenario's keys, its phases and their streams), ``run`` (the
+edge brought up and driven phase by phase: ``setup`` sets a phase's routing, ``programs``
+starts its players and senders, ``failover`` cuts and restores), ``metrics`` (the kind's
+part of result.json, the lines ``fabriclab run`` prints, what regress holds a policy to)
+and ``plots`` (stalls per phase and over time).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from lab.kinds.base import Kind
+from lab.kinds.streaming import metrics, plan, plots, run
 
-from lab.kinds.streaming.metrics import analyse, summary_rows, wan_fidelity
-from lab.kinds.streaming.plots import run_plots, section_plots
-from lab.kinds.streaming.runner import keep_logs, run
-from lab.kinds.streaming.streamplan import PHASES, SCHEMA, plan, topology_defaults
-
-__all__ = ["PHASES", "SCHEMA", "analyse", "keep_logs", "plan", "regress_metrics", "run",
-           "run_plots", "section_plots", "summary_rows", "topology_defaults", "wan_fidelity"]
-
-
-def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """Per phase: viewers' stalls and drops at the uplinks."""
-    out = {}
-    for name, mt in result["metrics"]["phases"].items():
-        out[f"{name}.stalls"] = float(mt["stalls"])
-        out[f"{name}.drops"] = float(sum(mt.get("uplink_drops", {}).values()))
-    return out
+KIND = Kind(name="streaming", schema=plan.SCHEMA, plan=plan.streams, run=run.on_fabric,
+            summary_rows=metrics.summary_rows, regress_metrics=metrics.regress_metrics,
+            topology_defaults=plan.topology_defaults, keep_logs=run.keep_logs,
+            run_plots=plots.run_plots, section_plots=plots.section_plots)

@@ -1,17 +1,16 @@
 """What the streaming kind's result.json says: each stream's and router port's entry from the
-counters, each phase's summary, the whole result and the lines ``fabriclab run`` prints."""
+counters, each phase's summary, the kind's part of the result, the lines ``fabriclab run``
+prints and what ``fabriclab regress`` holds a policy to."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from lab.analysis import diagnose
-from lab.kinds.base import Plan
-from lab.kinds.streaming.streamplan import Stream
+from lab.kinds.base import PhaseCounts, Plan, phased_part
+from lab.kinds.streaming.plan import Stream
 from lab.measure import telemetry
 from lab.measure.routerstats import RouterPort, Series
 from lab.model.flowpaths import path_from_counters
-from lab.model.result import SCHEMA_VERSION
 from lab.net.edge import CORE
 
 
@@ -214,44 +213,32 @@ def phase_line(mt: dict[str, Any]) -> str:
             f"{len(mt['uplinks_idle'])} of {len(mt['uplinks'])} uplinks idle")
 
 
-def assemble(plan_: Plan, phases: dict[str, Any], bgp: dict[str, Any],
-             bgp_after: dict[str, Any], timings: dict[str, Any],
-             wan: dict[str, float | None]) -> dict[str, Any]:
-    """result.json: top-level links/flows are the incident's (what diagnose explains);
-    every phase's own are under ``phase_details``."""
-    main = phases.get("incident") or next(iter(phases.values()))
+def assemble(plan: Plan, phases: dict[str, Any], bgp: dict[str, Any],
+             bgp_after: dict[str, Any], wan: dict[str, float | None]) -> dict[str, Any]:
+    """The kind's part of result.json (``lab.kinds.base.phased_part``): top-level links
+    and flows are the incident's (what diagnose explains); every phase's own are under
+    ``phase_details``; the WAN delay the uplinks got joins the fidelity."""
     metrics: dict[str, Any] = {"phases": {n: phase_metrics(p) for n, p in phases.items()},
                                "bgp": bgp, "bgp_after": bgp_after}
-    valid = all(m["fidelity_valid"] for m in metrics["phases"].values())
-    notes = list(plan_.env.notes)
-    for n, p in phases.items():
-        if p["cpu_idle_min_pct"] < telemetry.MIN_CPU_IDLE_PCT:
-            notes.append(f"{n}: CPU-bound ({p['cpu_idle_min_pct']:.0f}% idle)")
-    wan_fields, wan_note = wan_fidelity(float(plan_.topo_desc["params"].get("wan_delay_ms", 0)),
+    counts = {n: PhaseCounts(duration_s=p["duration_s"], links=p["links"], flows=p["flows"],
+                             cpu_idle_min_pct=p["cpu_idle_min_pct"],
+                             lab_cpu_pct=p["lab_cpu_pct"],
+                             valid=metrics["phases"][n]["fidelity_valid"], details=p)
+              for n, p in phases.items()}
+    wan_fields, wan_note = wan_fidelity(float(plan.topo_desc["params"].get("wan_delay_ms", 0)),
                                         wan)
-    if wan_note:
-        notes.append(wan_note)
-    result = {
-        "schema": SCHEMA_VERSION, "kind": "streaming", "scenario": plan_.scenario.name,
-        **plan_.policy_fields(), "seed": int(plan_.params["seed"]),
-        "duration_s": main["duration_s"], "phase": "incident" if "incident" in phases
-        else next(iter(phases)),
-        "environment": plan_.env.as_result(), "topology": plan_.topo_desc,
-        "params": plan_.params, "links": main["links"], "flows": main["flows"],
-        "metrics": metrics, "timings": timings,
-        "phase_details": phases,
-        "fidelity": {"cpu_idle_min_pct": min(p["cpu_idle_min_pct"] for p in phases.values()),
-                     "lab_cpu_pct": telemetry.worst_lab_cpu_pct(
-                         p["lab_cpu_pct"] for p in phases.values()),
-                     "valid": valid, "notes": notes, **wan_fields},
-    }
-    result["fidelity"]["datapath_loss_bytes"] = diagnose.unexplained_loss(result)
-    return result
-
-
-def analyse(result: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    return result["metrics"]
+    return phased_part(plan, counts, "incident" if "incident" in phases else next(iter(phases)),
+                       metrics, notes=[wan_note] if wan_note else [], fidelity=wan_fields)
 
 
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     return [(name, phase_line(mt)) for name, mt in result["metrics"]["phases"].items()]
+
+
+def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """Per phase: viewers' stalls and drops at the uplinks."""
+    out = {}
+    for name, mt in result["metrics"]["phases"].items():
+        out[f"{name}.stalls"] = float(mt["stalls"])
+        out[f"{name}.drops"] = float(sum(mt.get("uplink_drops", {}).values()))
+    return out

@@ -10,7 +10,7 @@ GPUs' links vs in a class of its own, packed vs scattered placement, tail-drop v
 Why the numbers can be trusted: a step's time is the workers' own clock (one monotonic
 clock for every namespace); a connection's path is the switches' per-flow counters; a
 link's bytes, drops and queue are its veth and qdisc counters; CE marks are counted by the
-marker and, for incast, on the wire at the receiver. Mechanism: ``lab.kinds.collective.runner``.
+marker and, for incast, on the wire at the receiver. Mechanism: ``lab.kinds.collective.run``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from __future__ import annotations
 import copy
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from controllers.marking import parse_marking
 from lab.agents.ddprank import BLOCKS, SPLIT_BYTES, WIDTH
+from lab.kinds.base import Plan
+from lab.machine import environment
 from lab.model.errors import MachineError, ScenarioError
 from lab.model.flows import FlowSpec
 from lab.model.scenario import Param, deep_update
@@ -40,6 +43,11 @@ LIBRARIES = ("synthetic", "gloo")
 #: ``DistributedDataParallel`` training step (``lab.agents.ddprank``: forward, backward with
 #: DDP's buckets all-reduced as they become ready, optimizer step) on gloo.
 PROGRAMS = ("allreduce", "ddp")
+#: Congestion controls whose receiver has a part to play: a DCTCP receiver echoes CE per
+#: packet (RFC 8257, section 3.2) instead of RFC 3168's "ECE until CWR". Accepted sockets
+#: take their namespace's default, so the job's hosts default to it for the phase (which
+#: the kernel allows in a namespace only for a congestion control on its allowed list).
+RECEIVER_CC = ("dctcp",)
 
 SCHEMA: dict[str, Param] = {
     "job.pattern": Param(str, choices=("ring", "incast")),
@@ -411,8 +419,44 @@ def balanced_pins(conns: list[Conn], leaf_of: dict[str, str],
     return pins
 
 
-def plan(topo_desc: dict[str, Any], params: dict[str, Any],
-         rng: random.Random) -> list[FlowSpec]:
+def flows(topo_desc: dict[str, Any], params: dict[str, Any],
+          rng: random.Random) -> list[FlowSpec]:
     """Checks every phase; the connections themselves are planned per phase when it runs."""
     check(params, topo_desc)
     return []
+
+
+def read_proc(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def prepare(plan: Plan) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """Every phase's parameters, and the phases this machine cannot run (and why); refuses
+    a congestion control or a marking the machine cannot give, before anything starts."""
+    phases_pp = check(plan.params, plan.topo_desc)
+    skipped = phases_to_skip(plan.params, phases_pp, plan.env.congestion_controls)
+    phases_pp = {n: pp for n, pp in phases_pp.items() if n not in skipped}
+    gloo_phases = uses_gloo(phases_pp)
+    if gloo_phases:
+        lib = environment.collective_library()
+        if not lib["torch"]:
+            raise MachineError("job.library", f"gloo needs PyTorch: {environment.TORCH_MISSING}"
+                               f" (phase {gloo_phases[0]})")
+        if not lib["gloo"]:
+            raise MachineError("job.library", f"PyTorch {lib['torch']} has no gloo backend "
+                               f"(phase {gloo_phases[0]})")
+    for name, pp in phases_pp.items():
+        if pp["job"]["cc"] in RECEIVER_CC:
+            allowed = read_proc("/proc/sys/net/ipv4/tcp_allowed_congestion_control").split()
+            if pp["job"]["cc"] not in allowed:
+                raise MachineError("job.cc", f"{pp['job']['cc']} is in this kernel but not "
+                                   "allowed in network namespaces (net.ipv4.tcp_allowed_"
+                                   "congestion_control; `make setup` allows every available "
+                                   f"one); phase {name}")
+        if check_marking(pp["ecn"], "ecn") and plan.env.ecn == "none":
+            raise MachineError("ecn.marking", "this machine has no ECN marking mechanism "
+                               "(RED, or clang and bpftool for the tc-BPF marker)")
+    return phases_pp, skipped

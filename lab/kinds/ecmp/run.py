@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from lab.analysis import diagnose
 from lab.kinds.base import Plan, Progress, bring_up
+from lab.kinds.ecmp import metrics
 from lab.machine.progress import Ticker
 from lab.measure import telemetry
 from lab.measure.result import flow_entries
 from lab.measure.window import Window
-from lab.model.result import SCHEMA_VERSION
 from lab.workloads import faults
 from lab.workloads.traffic import FlowRunner
 
@@ -20,11 +20,13 @@ if TYPE_CHECKING:
     from lab.net.fabric import Fabric
 
 
-def run(plan: Plan, fabric: Fabric, progress: Progress, _prepared: Any = None) -> dict[str, Any]:
+def on_fabric(plan: Plan, fabric: Fabric, progress: Progress,
+              _prepared: Any = None) -> dict[str, Any]:
     """Bring the fabric up, run every flow for the scenario's duration (faults injected on
-    their schedule), and return result.json with the links' and flows' counters."""
+    their schedule), and return the kind's part of result.json: the links' and flows'
+    counters, the metrics and the fidelity."""
     loss = bring_up(plan, fabric, progress)
-    result = _traffic(plan, fabric, progress)
+    result = traffic(plan, fabric, progress)
     result["metrics"]["pingall_loss_pct"] = loss
     if loss > 0:
         result["fidelity"]["valid"] = False
@@ -32,7 +34,9 @@ def run(plan: Plan, fabric: Fabric, progress: Progress, _prepared: Any = None) -
     return result
 
 
-def _traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
+def traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
+    """The flows (and faults) inside one measurement window on the running fabric; the
+    kind's part of result.json from its counters."""
     assert fabric.controller is not None
     duration = float(plan.params["duration"])
     watch = [e for i, f in enumerate(plan.flows) for e in f.watch_entries(i)]
@@ -71,10 +75,7 @@ def _traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
         sampler.stop()
     runner.collect()
     result: dict[str, Any] = {
-        "schema": SCHEMA_VERSION, "scenario": plan.scenario.name, **plan.policy_fields(),
-        "seed": int(plan.params["seed"]), "duration_s": round(window.measured_s, 3),
-        "environment": plan.env.as_result(), "topology": plan.topo_desc,
-        "params": plan.params,
+        "duration_s": round(window.measured_s, 3),
         "links": window.links(),
         "flows": flow_entries(plan.flows, window.flow_deltas(), plan.topo_desc),
         # What the controller did: per-flow decisions taken, port-load samples fed to a
@@ -86,19 +87,20 @@ def _traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
                                          runner.dir, duration)
         for f in result["flows"]:
             f.update(result["faults"]["per_flow"][f["id"]])
-    result["metrics"] = plan.kind.analyse(result, plan.params)
+    # The split is judged against the policy's own prediction, which reads the envelope.
+    result["metrics"] = metrics.analyse({**plan.envelope(), **result})
     if planned_faults:
         result["metrics"]["faults"] = result["faults"]["summary"]
-    result["fidelity"] = _fidelity(plan, result, window.judge(t_fid, window.t_end),
-                                   planned_faults)
+    result["fidelity"] = fidelity(plan, result, window.judge(t_fid, window.t_end),
+                                  planned_faults)
     return result
 
 
-def _fidelity(plan: Plan, result: dict[str, Any], judged: dict[str, Any],
+def fidelity(plan: Plan, result: dict[str, Any], judged: dict[str, Any],
               planned_faults: list[Any]) -> dict[str, Any]:
     """Whether the run's numbers describe the network: the CPU had time to spare, every
     flow ran, and each flow's counters form one path; notes say why not."""
-    notes = list(plan.env.notes)
+    notes: list[str] = []
     if planned_faults:
         notes.append("faults injected (a flow's counters may show two paths, and bytes sent "
                      "into a dead link are lost in the datapath): "
@@ -127,7 +129,8 @@ def _fidelity(plan: Plan, result: dict[str, Any], judged: dict[str, Any],
                      f"{', '.join(split_acks)}")
     # With links failing, bytes sent into a dead link are lost by design and a flow's
     # counters can show two paths: the path-based loss check has nothing sound to say.
-    unexplained = {} if planned_faults else diagnose.unexplained_loss(result)
+    unexplained = {} if planned_faults else diagnose.unexplained_loss(
+        {"topology": plan.topo_desc, **result})
     if unexplained:
         notes.append("bytes lost inside the switches' datapath, not in a configured queue: "
                      + ", ".join(f"{k} {v} B" for k, v in unexplained.items()))

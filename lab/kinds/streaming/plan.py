@@ -109,8 +109,8 @@ def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> None:
                             "cut (leave topology.bfd out, or the failover phases)")
 
 
-def plan(topo_desc: dict[str, Any], params: dict[str, Any],
-         rng: random.Random) -> list[Stream]:
+def streams(topo_desc: dict[str, Any], params: dict[str, Any],
+            rng: random.Random) -> list[Stream]:
     """Every stream of every phase, 5-tuples drawn from the seed."""
     check(params, topo_desc)
     s, before, after = params["streams"], params["before"], params["after"]

@@ -1,0 +1,251 @@
+"""The collective kind's run: the fabric brought up, then the job's phases one after another
+on it - placement, paths, marking, traffic, counters - and the logs kept afterwards.
+
+One fabric for every phase (bring-up is the slow part and the comparison is fairer on the
+same switches); each phase starts its own workers, so placement may change between phases.
+Per phase, in this order: place the ranks; plan every connection's 5-tuple; ask the
+controller to pin (or unpin) paths and to set ECN marking; watch every connection on every
+switch (``JobSetup``, ``lab.kinds.collective.setup``); start storage, sampling and
+capture; run the job to its last step (``JobPrograms``, ``lab.kinds.collective.programs``);
+read every counter once the queues have drained (``JobReadout``,
+``lab.kinds.collective.readout``); stop what the phase started.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lab.kinds.base import Plan, Progress, bring_up
+from lab.kinds.collective import gloo
+from lab.kinds.collective import metrics as jm
+from lab.kinds.collective.programs import JobPrograms, load, wait
+from lab.kinds.collective.readout import Drive, JobReadout
+from lab.kinds.collective.setup import JobSetup, Phase
+from lab.machine import programs
+from lab.measure import ecnwire, telemetry
+from lab.measure.window import Window
+from lab.model.errors import MachineError
+from lab.model.flowpaths import attachment
+
+if TYPE_CHECKING:
+    from lab.net.fabric import Fabric
+
+#: Source ports come from below the kernel's ephemeral range, so a fixed ``bind`` never
+#: races a port the kernel handed to another socket.
+SPORT_RANGE = range(20000, 32000)
+TCP_COUNTERS = {"TcpExt": ("TCPTimeouts", "TCPLossProbes", "TCPFastRetrans"),
+                "Tcp": ("RetransSegs", "OutSegs")}
+
+
+def on_fabric(plan_: Plan, fabric: Fabric, progress: Progress,
+              prepared: tuple[dict[str, dict[str, Any]], dict[str, str]]) -> dict[str, Any]:
+    """Bring the fabric up, then the job's phases one after another on it; returns the
+    kind's part of result.json."""
+    phases_pp, skipped = prepared
+    phases: dict[str, Any] = {}
+    loss = bring_up(plan_, fabric, progress)
+    job = JobRun(plan_, fabric, progress)
+    for name, pp in phases_pp.items():
+        t0 = time.monotonic()
+        phases[name] = job.run_phase(name, pp)
+        fabric.timings[f"phase_{name}_s"] = time.monotonic() - t0
+        progress(f"[{name}] " + jm.phase_line(phases[name]["metrics"]))
+    return jm.assemble(plan_, phases, loss, skipped)
+
+
+def keep_logs(work: Path, out_dir: Path) -> None:
+    """The workers' and storage programs' records and logs (captures stay behind)."""
+    if (work / "job").is_dir():
+        shutil.copytree(work / "job", out_dir / "job", dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("*.pcap"))
+
+
+def tcp_counters(pid: int) -> dict[str, int]:
+    """A namespace's own TCP counters (per-netns in /proc/PID/net), e.g. RTO timeouts."""
+    out: dict[str, int] = {}
+    for name in ("netstat", "snmp"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{name}").read_text().splitlines()
+        except OSError:
+            continue
+        for head, vals in zip(lines[::2], lines[1::2], strict=False):
+            section, _, keys = head.partition(": ")
+            wanted = TCP_COUNTERS.get(section, ())
+            for k, v in zip(keys.split(), vals.partition(": ")[2].split(), strict=False):
+                if k in wanted:
+                    out[k] = int(v)
+    return out
+
+
+class JobRun(JobSetup, JobPrograms, JobReadout):
+    """The running fabric plus what the job's phases need to know about it.
+
+    Its parts by what a phase does: set up the network (``JobSetup``), start and stop the
+    programs (``JobPrograms``), read what they and the switches counted (``JobReadout``);
+    here the phase itself, from set-up to read-out, inside one measurement window.
+    """
+
+    def __init__(self, plan_: Plan, fabric: Fabric, progress: Progress) -> None:
+        self.plan = plan_
+        self.fabric = fabric
+        self.progress = progress
+        self.topo = plan_.topo_desc
+        self.rng = random.Random(int(plan_.params["seed"]))
+        self.sports = self.rng.sample(SPORT_RANGE, 2000)
+        self.ips = {h["name"]: h["ip"] for h in self.topo["hosts"]}
+        self.macs = {h["name"]: h["mac"] for h in self.topo["hosts"]}
+        self.leaf_of = attachment(self.topo)
+        self.ports = telemetry.fabric_ports(self.topo)
+        self.bw = {}
+        for ln in self.topo["links"]:
+            self.bw[(ln["a"], ln["b"])] = self.bw[(ln["b"], ln["a"])] = ln["bw_mbps"] * 1e6
+        self.next_index = 0
+        self.marked: set[str] = set()
+        #: Hosts whose namespace default congestion control a phase changed: what it was.
+        self.default_cc: dict[str, str] = {}
+        self.work = fabric.run_dir / "job"
+        for h in self.topo["hosts"]:
+            # A GPU job's connections idle between steps; Linux would slow-start each step's
+            # first chunk again (RDMA transports do not): an artefact of TCP, not the fabric.
+            self.host(h["name"]).cmd("sysctl -qw net.ipv4.tcp_slow_start_after_idle=0")
+
+    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.fabric.controller is not None
+        return self.fabric.controller.request(msg)
+
+    def ecn_counters(self) -> dict[str, dict[str, int]]:
+        if not self.marked and self.plan.env.ecn == "none":
+            return {}
+        return self.request({"cmd": "ecn_stats"}).get("ports", {})
+
+    def run_phase(self, name: str, pp: dict[str, Any]) -> dict[str, Any]:
+        """One phase: its network settings, the job (and storage) on the fabric inside one
+        measurement window, then its links, flows and metrics."""
+        ph = self.configure(name, pp)
+        if ph.pp["storage"]["mode"] == "classes":
+            self.storage_classes(ph.pp, ph.hosts, on=True)
+        try:
+            drive = self.drive(name, ph)
+        finally:
+            if ph.pp["storage"]["mode"] == "classes":
+                self.storage_classes(ph.pp, ph.hosts, on=False)
+        return self.phase_result(ph, drive)
+
+    def drive(self, name: str, ph: Phase) -> Drive:
+        """The job's programs (and storage's) from start to exit, inside one window."""
+        pp, job, work = ph.pp, ph.pp["job"], ph.work
+        estimate = self.estimate_s(job)
+        bridges = [s["name"] for s in self.topo["switches"]]
+        sampler = telemetry.Sampler(self.ports, hz=float(pp["sample_hz"]),
+                                    controller=self.fabric.controller)
+        d = Drive(Window(sampler, self.ports, bridges, name=name))
+        watched_hosts = sorted({*ph.hosts, *pp["storage"]["hosts"]})
+        procs: list[subprocess.Popen] = []
+        gloo_ready: list[Path] = []
+        gloo_ranks: list[subprocess.Popen] = []
+        try:
+            sampler.start()
+            if job["library"] == "gloo":
+                # Before the window: torch's import and the rendezvous are set-up. Their
+                # connections are watched before it opens, so the switches count the job
+                # from its first byte; the ranks' own counters start at the go, after it.
+                gloo_ranks, gloo_ready, reports = self.start_gloo(pp, ph.hosts, work)
+                procs += gloo_ranks
+                self.gloo_connections(ph, gloo_ready, gloo_ranks, reports)
+            time.sleep(0.05)
+            d.window.open()
+            d.ecn0 = self.ecn_counters()
+            d.tcp0 = {h: tcp_counters(self.host(h).pid) for h in watched_hosts}
+            clients: list[subprocess.Popen] = []
+            storage_ready: list[Path] = []
+            if ph.sconns:
+                servers, clients, storage_ready = self.start_storage(pp, ph.sconns, work,
+                                                                     estimate)
+                procs += servers + clients
+            if job["pattern"] == "incast":
+                rx = ph.conns[0].spec.dst
+                d.capture = ecnwire.start_capture(self.host(rx).popen,
+                                                  self.host(rx).defaultIntf().name,
+                                                  work / "receiver.pcap")
+                self.fabric.record.add_pid(d.capture.pid, "tcpdump at the incast receiver")
+                workers = self.start_incast(pp, ph.conns, work)
+            elif gloo_ranks:
+                workers = gloo_ranks
+            else:
+                workers = self.start_ring(pp, ph.hosts, ph.conns, work)
+            if storage_ready or gloo_ready:   # every GPU's checkpoints together, with the job
+                programs.go(storage_ready + gloo_ready, clients + gloo_ranks)
+            procs += [p for p in workers if p not in procs]
+            self.progress(self.job_line(name, ph))
+            deadline = time.monotonic() + estimate
+            for p in workers:
+                wait(p, max(1.0, deadline - time.monotonic()))
+            d.t_job_end = time.monotonic() - sampler.t0
+            if job["pattern"] == "incast" and pp["microburst"]["senders"]:
+                d.bursts = self.microbursts(pp, ph.hosts, ph.conns[0].spec.dst, work)
+            for p in procs:                      # storage: stop it with the job
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                wait(p, 5)
+            if d.capture is not None:
+                d.capture.stop()
+            d.window.close()
+            d.ecn1 = self.ecn_counters()
+            d.tcp1 = {h: tcp_counters(self.host(h).pid) for h in watched_hosts}
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            if d.capture is not None and d.capture.proc.poll() is None:
+                d.capture.proc.kill()
+            sampler.stop()
+        return d
+
+    def estimate_s(self, job: dict[str, Any]) -> float:
+        """How long the job may take before it counts as hung: every step's compute, plus
+        its bytes at a quarter of the slowest link's rate, plus a margin."""
+        slowest = min(self.bw.values())
+        return job["steps"] * sum(job["compute_s"] + job["straggler_s"] + 2.0
+                                  + 4 * 2 * size * 8 / slowest
+                                  for size in job["sizes"] or [job["size_bytes"]]) + 20
+
+    @staticmethod
+    def job_line(name: str, ph: Phase) -> str:
+        """The progress line a phase's job starts with."""
+        job = ph.pp["job"]
+        what = (f"{len(job['sizes'])} sizes {job['sizes'][0] / 1e6:g}-"
+                f"{job['sizes'][-1] / 1e6:g} MB" if job["sizes"]
+                else f"{job['size_bytes'] / 1e6:g} MB")
+        return (f"[{name}] {len(ph.hosts)} workers on {', '.join(ph.hosts)}: "
+                f"{job['steps']} steps of {job['library']} {job['pattern']} {what}"
+                + (f", {len(ph.pinned)} paths placed" if ph.pinned else "")
+                + (f", ECN marking {ph.marking}" if ph.marking else ""))
+
+    def gloo_connections(self, ph: Phase, ready: list[Path], ranks: list[subprocess.Popen],
+                         reports: list[Path]) -> None:
+        """Once every rank has rendezvoused: gloo's connections become the phase's job
+        connections, placed (a ``balanced`` phase) and watched on every switch, before the
+        go and before the window opens."""
+        dead, waiting = programs.wait_ready(ready, ranks, stop_at_death=True)
+        if dead or waiting:
+            logs = ", ".join(Path(f).with_suffix(".log").name for f in dead + waiting)
+            raise MachineError("job.library", f"gloo ranks did not rendezvous "
+                               f"({len(dead)} exited, {len(waiting)} hung; see {logs})")
+        conns = gloo.conns_from_reports([load(r) for r in reports], ph.hosts, self.ips,
+                                        ph.pp["job"]["cc"], self.next_index)
+        if not any(c.spec.kind == "allreduce" for c in conns):
+            raise MachineError("job.library", "gloo's connections were not found after "
+                               "rendezvous (rank reports: " + ", ".join(map(str, reports)) + ")")
+        self.next_index += len(conns)
+        ph.conns = conns
+        ph.pinned = self.set_paths(ph.pp, conns)
+        self.request({"cmd": "watch", "flows": [e for c in conns
+                                                for e in c.spec.watch_entries(c.index)]})

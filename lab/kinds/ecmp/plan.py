@@ -1,0 +1,51 @@
+"""The ecmp kind's scenario: its keys, and the elephant flows from one leaf's hosts to
+another's, 5-tuples drawn from the seed - checked before anything starts."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from lab.model.flows import BASE_DPORT, FlowSpec, pick_source_ports
+from lab.model.scenario import Param, require
+from lab.model.topodesc import check_fabric, edge_switches, hosts_of, uplink_capacity_bps
+from lab.workloads import faults
+
+SCHEMA: dict[str, Param] = {
+    "traffic.flows": Param(int, 1, 128),
+    "traffic.proto": Param(str, choices=("tcp", "udp")),
+    "traffic.load": Param(float, 0.01, 2.0),
+    "traffic.pairs": Param(int, 0, 4096),
+    "traffic.cc": Param(str, choices=("cubic", "reno", "bbr")),
+    "faults": Param(list),    # lab.workloads.faults: links down, a switch dark, controller kill
+}
+
+
+#: The values an ecmp scenario must give: there is no sensible default for them.
+REQUIRED = ["traffic.flows", "traffic.proto", "traffic.load"]
+
+
+def flows(topo_desc: dict, params: dict[str, Any], rng: random.Random) -> list[FlowSpec]:
+    """Flows from the hosts of the first edge switch to the hosts of the last one."""
+    require(params, REQUIRED, "ecmp")
+    check_fabric(topo_desc, "ecmp", min_edges=2)     # flows cross from one leaf to another
+    faults.parse(params.get("faults"), topo_desc, float(params.get("duration", 600)))
+    t = params["traffic"]
+    edges = edge_switches(topo_desc)
+    src_sw, dst_sw = edges[0], edges[-1]
+    srcs, dsts = hosts_of(topo_desc, src_sw), hosts_of(topo_desc, dst_sw)
+    n = t["flows"]
+    pairs = t.get("pairs", 0) or max(len(srcs), len(dsts))
+    rate = t["load"] * uplink_capacity_bps(topo_desc, src_sw) / n
+    ips = {h["name"]: h["ip"] for h in topo_desc["hosts"]}
+    sports = pick_source_ports(n, rng)
+    planned = []
+    for i in range(n):
+        j = i % pairs
+        src, dst = srcs[j % len(srcs)], dsts[j % len(dsts)]
+        planned.append(FlowSpec(id=f"f{i + 1}", src=src, dst=dst, src_ip=ips[src],
+                              dst_ip=ips[dst], proto=t["proto"], sport=sports[i],
+                              dport=BASE_DPORT + i, rate_bps=rate, cc=t.get("cc")))
+    return planned
+
+
