@@ -112,6 +112,8 @@ class Marker:
     def __init__(self, netns_pid: int | None = None) -> None:
         self._run = _Runner(netns_pid)
         self._lock = threading.RLock()
+        #: The ports this marker manages, by interface, with what it keeps for each.
+        self._ports: dict[str, Any] = {}
 
     def set(self, port: PortQueue, marking: Marking | None) -> None:
         """Mark on ``port`` per ``marking``; None turns marking off (pure tail-drop).
@@ -142,6 +144,20 @@ class Marker:
         raise NotImplementedError
 
     def _close(self) -> None:
+        """Release every port, each tried even when another fails; then one error naming
+        every port that could not be released (the marker forgets them all either way)."""
+        errors = []
+        for intf, entry in list(self._ports.items()):
+            try:
+                self._release(intf, entry)
+            except MarkerError as e:
+                errors.append(str(e))
+        self._ports.clear()
+        if errors:
+            raise MarkerError("; ".join(errors))
+
+    def _release(self, intf: str, entry: Any) -> None:
+        """Undo on ``intf`` what this marker added there (``entry``: what it keeps for it)."""
         raise NotImplementedError
 
 
@@ -273,7 +289,7 @@ class TcBpfMarker(Marker):
             maps = self._maps_of(intf, loaded.prog_id)
         except MarkerError:
             with contextlib.suppress(MarkerError):  # the first error is the one to report
-                self._unload(intf, loaded)
+                self._release(intf, loaded)
             raise
         loaded.config_map, loaded.state_map = maps[CONFIG_MAP], maps[STATE_MAP]
         self._ports[intf] = loaded
@@ -325,18 +341,7 @@ class TcBpfMarker(Marker):
                               f"{r.stderr.strip()}")
         return result
 
-    def _close(self) -> None:
-        errors = []
-        for intf, loaded in list(self._ports.items()):
-            try:
-                self._unload(intf, loaded)
-            except MarkerError as e:
-                errors.append(str(e))
-        self._ports.clear()
-        if errors:
-            raise MarkerError("; ".join(errors))
-
-    def _unload(self, intf: str, loaded: _Loaded) -> None:
+    def _release(self, intf: str, loaded: _Loaded) -> None:
         if not self._run.exists(intf):
             return  # the port is gone, and with it the filter, program and maps
         if self._our_filter(intf):
@@ -463,17 +468,9 @@ class RedMarker(Marker):
                     intf)
                 for intf in self._ports}
 
-    def _close(self) -> None:
-        errors = []
-        for intf, (port, _) in list(self._ports.items()):
-            try:
-                if self._run.exists(intf):
-                    self._set(port, None)
-            except MarkerError as e:
-                errors.append(str(e))
-        self._ports.clear()
-        if errors:
-            raise MarkerError("; ".join(errors))
+    def _release(self, intf: str, entry: tuple[PortQueue, Marking]) -> None:
+        if self._run.exists(intf):
+            self._set(entry[0], None)
 
 
 def make_marker(mechanism: str, build_dir: Path, netns_pid: int | None = None) -> Marker:

@@ -285,23 +285,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
+def _common_flags() -> argparse.ArgumentParser:
+    """Every worker's flags: its time-outs and where its summary goes."""
+    p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--connect-timeout-s", type=float, default=30.0,
                    help="give up connecting/accepting after this long (peers start late)")
     p.add_argument("--io-timeout-s", type=float, default=60.0,
                    help="give up when no byte moves for this long")
     p.add_argument("--out", help="JSON summary file (default: stdout)")
+    return p
 
 
-def _add_gloo(p: argparse.ArgumentParser) -> None:
-    """The arguments of a rank on gloo (the all-reduce job's and DDP's)."""
+def _rank_flags() -> argparse.ArgumentParser:
+    """A training rank's flags, the same on the synthetic ring, gloo and DDP: who it is,
+    the job's size and steps, and its modelled compute (jitter, a straggler)."""
+    p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True, help="number of ranks N")
-    p.add_argument("--master", type=_addr, required=True,
-                   help="rank 0's fabric IP:PORT: the rendezvous (init_method=tcp://...)")
-    p.add_argument("--peers", type=_ips, required=True,
-                   help="every rank's fabric IP, in rank order: names a connection's peer")
-    p.add_argument("--iface", required=True, help="the fabric interface (GLOO_SOCKET_IFNAME)")
     p.add_argument("--size", type=int, required=True, help="gradient bytes per step")
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--warmup", type=int, default=1, help="first steps marked warmup")
@@ -310,69 +310,75 @@ def _add_gloo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="jitter RNG seed (+ rank)")
     p.add_argument("--straggler-rank", type=int, default=-1)
     p.add_argument("--straggler-s", type=float, default=0.0)
+    return p
+
+
+def _gloo_flags() -> argparse.ArgumentParser:
+    """What a rank on gloo adds (the all-reduce job's and DDP's): rendezvous, peers, and
+    where its connections and readiness are written."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--master", type=_addr, required=True,
+                   help="rank 0's fabric IP:PORT: the rendezvous (init_method=tcp://...)")
+    p.add_argument("--peers", type=_ips, required=True,
+                   help="every rank's fabric IP, in rank order: names a connection's peer")
+    p.add_argument("--iface", required=True, help="the fabric interface (GLOO_SOCKET_IFNAME)")
     p.add_argument("--epoch-steps", type=int, default=0,
                    help="a new process group (new connections) every E steps (0: never)")
     p.add_argument("--conns-out", required=True,
                    help="where gloo's connections are written once rendezvous is done")
     p.add_argument("--ready-file", required=True, help="written once ready for the go")
+    return p
+
+
+def _sweep_flag() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--sizes", type=_ports, help="a size sweep: --steps steps of each of "
+                   "these gradient sizes in bytes, in order (--size is then unused)")
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The workers' subcommands, built from parent parsers so that a flag two workers
+    share is defined once."""
     parser = _Parser(prog="collective", description=__doc__.split("\n\n", 1)[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
+    common, rank, gloo, sweep = _common_flags(), _rank_flags(), _gloo_flags(), _sweep_flag()
 
-    ring = sub.add_parser("ring", help="one rank of a ring All-Reduce training job")
-    ring.add_argument("--rank", type=int, required=True)
-    ring.add_argument("--world", type=int, required=True, help="number of ranks N")
+    ring = sub.add_parser("ring", help="one rank of a ring All-Reduce training job",
+                          parents=[rank, sweep, common])
     ring.add_argument("--listen", type=_addr, required=True, help="IP:PORT for the previous rank")
     ring.add_argument("--next", type=_addr, required=True, help="the next rank's IP:PORT")
     ring.add_argument("--bind", required=True, help="source IP of the connection to next")
     ring.add_argument("--sports", type=_ports, help="source ports, one per epoch: P1,P2,...")
-    ring.add_argument("--size", type=int, required=True, help="gradient bytes per step")
-    ring.add_argument("--steps", type=int, required=True)
-    ring.add_argument("--warmup", type=int, default=1, help="first steps marked warmup")
-    ring.add_argument("--compute-s", type=float, default=0.1)
-    ring.add_argument("--jitter-s", type=float, default=0.0, help="compute ± uniform jitter")
-    ring.add_argument("--seed", type=int, default=0, help="jitter RNG seed (+ rank)")
-    ring.add_argument("--straggler-rank", type=int, default=-1)
-    ring.add_argument("--straggler-s", type=float, default=0.0)
     ring.add_argument("--buckets", type=int, default=1, help="gradient buckets (overlap)")
     ring.add_argument("--epoch-steps", type=int, default=0,
                       help="reconnect from the next source port every E steps (0: never)")
     ring.add_argument("--cc", help="TCP congestion control (default: the system's)")
-    ring.add_argument("--sizes", type=_ports, help="a size sweep: --steps steps of each of "
-                      "these gradient sizes in bytes, in order (--size is then unused)")
-    _add_common(ring)
 
-    gl = sub.add_parser("gloo", help="one rank of the same job on PyTorch's gloo")
-    _add_gloo(gl)
-    gl.add_argument("--sizes", type=_ports, help="a size sweep: --steps steps of each of "
-                    "these gradient sizes in bytes, in order (--size is then unused)")
-    _add_common(gl)
+    sub.add_parser("gloo", help="one rank of the same job on PyTorch's gloo",
+                   parents=[rank, gloo, sweep, common])
 
-    ddp = sub.add_parser("ddp", help="one rank of a DistributedDataParallel job on gloo")
-    _add_gloo(ddp)
+    ddp = sub.add_parser("ddp", help="one rank of a DistributedDataParallel job on gloo",
+                         parents=[rank, gloo, common])
     ddp.add_argument("--bucket-cap-mb", type=float, default=25.0,
                      help="DDP's bucket size (its default: 25 MB)")
     ddp.add_argument("--first-bucket-mb", type=float, default=1.0,
                      help="DDP's first bucket's size (its default: 1 MB)")
     ddp.set_defaults(sizes=None)
-    _add_common(ddp)
 
-    sink = sub.add_parser("incast-sink", help="receiver of synchronised many-to-one bursts")
+    sink = sub.add_parser("incast-sink", help="receiver of synchronised many-to-one bursts",
+                          parents=[common])
     sink.add_argument("--listen", type=_addr, required=True)
     sink.add_argument("--senders", type=int, required=True)
     sink.add_argument("--burst", type=int, required=True, help="bytes per sender per step")
     sink.add_argument("--steps", type=int, required=True)
     sink.add_argument("--gap-s", type=float, default=0.05, help="compute gap before each go")
-    _add_common(sink)
 
-    send = sub.add_parser("incast-send", help="one sender of an incast")
+    send = sub.add_parser("incast-send", help="one sender of an incast", parents=[common])
     send.add_argument("--connect", type=_addr, required=True, help="the sink's IP:PORT")
     send.add_argument("--bind", required=True)
     send.add_argument("--sport", type=int, required=True)
     send.add_argument("--cc")
-    _add_common(send)
     return parser
 
 
