@@ -9,17 +9,15 @@ Usage: python bench/collective.py [--runs N] [--scenarios A B ...] [--json FILE]
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-FABRICLAB = [sys.executable, "-m", "lab.cli"]
+from clirun import arguments, base_row, each_run, finish, headline, met
+
 SCENARIOS = ("allreduce-ecmp", "allreduce-shared-link", "allreduce-placement", "incast-ecn")
 WALL_TARGET_S = 90.0
 RESOLUTION_TARGET_S = 1e-3
@@ -44,51 +42,37 @@ def worker_stats(out: Path) -> tuple[float, float]:
     return cpu, spread
 
 
+def measure(name: str, out: Path, wall: float, r: dict[str, Any]) -> dict[str, Any]:
+    cpu, spread = worker_stats(out)
+    return {**base_row(name, wall, r), "workers_cpu_s": round(cpu, 2),
+            "step_end_spread_ms": round(spread * 1e3, 3),
+            "phases": {p: {k: m[k] for k in ("step_p50_s", "step_p99_s", "gpu_idle_fraction",
+                                              "busbw_bps", "retransmits", "ce_marked")}
+                       for p, m in r["metrics"]["phases"].items()}}
+
+
+def show(row: dict[str, Any]) -> None:
+    print(headline(row, WALL_TARGET_S, f"workers {row['workers_cpu_s']:.2f} CPU-s, ranks left "
+                   f"the barrier within {row['step_end_spread_ms']:.2f} ms of each other"),
+          flush=True)
+    for p, m in row["phases"].items():
+        print(f"    {p}: step p50 {m['step_p50_s'] * 1e3:.0f} ms p99 "
+              f"{m['step_p99_s'] * 1e3:.0f} ms, idle {m['gpu_idle_fraction']:.2f}, "
+              f"busbw {m['busbw_bps'] / 1e6:.1f} Mbit/s, {m['retransmits']} "
+              f"retransmits, {m['ce_marked']} CE", flush=True)
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=1)
-    ap.add_argument("--scenarios", nargs="*", default=list(SCENARIOS))
-    ap.add_argument("--json")
-    args = ap.parse_args()
+    args = arguments(__doc__, SCENARIOS)
     resolution = time.get_clock_info("monotonic").resolution
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.scenarios:
-            for i in range(args.runs):
-                out = Path(tmp) / f"{name}-{i}"
-                t0 = time.monotonic()
-                subprocess.run([*FABRICLAB, "run", name, "--out", str(out)], check=True,
-                               cwd=REPO, stdout=subprocess.DEVNULL)
-                wall = time.monotonic() - t0
-                r = json.loads((out / "result.json").read_text())
-                cpu, spread = worker_stats(out)
-                row = {"scenario": name, "wall_s": round(wall, 1),
-                       "cpu_idle_min_pct": r["fidelity"]["cpu_idle_min_pct"],
-                       "fidelity_valid": r["fidelity"]["valid"],
-                       "workers_cpu_s": round(cpu, 2), "step_end_spread_ms": round(spread * 1e3, 3),
-                       "phases": {p: {k: m[k] for k in ("step_p50_s", "step_p99_s",
-                                                         "gpu_idle_fraction", "busbw_bps",
-                                                         "retransmits", "ce_marked")}
-                                  for p, m in r["metrics"]["phases"].items()}}
-                rows.append(row)
-                ok = "ok" if wall <= WALL_TARGET_S and row["fidelity_valid"] else "MISSED"
-                print(f"{name}: {wall:.1f} s wall ({ok}; target {WALL_TARGET_S:g} s), min CPU "
-                      f"idle {row['cpu_idle_min_pct']:.0f}%, workers {cpu:.2f} CPU-s, ranks left "
-                      f"the barrier within {spread * 1e3:.2f} ms of each other", flush=True)
-                for p, m in row["phases"].items():
-                    print(f"    {p}: step p50 {m['step_p50_s'] * 1e3:.0f} ms p99 "
-                          f"{m['step_p99_s'] * 1e3:.0f} ms, idle {m['gpu_idle_fraction']:.2f}, "
-                          f"busbw {m['busbw_bps'] / 1e6:.1f} Mbit/s, {m['retransmits']} "
-                          f"retransmits, {m['ce_marked']} CE", flush=True)
+    rows = each_run(args.scenarios, args.runs, measure, show)
     print(f"step clock: time.monotonic, resolution {resolution * 1e9:.0f} ns "
           f"({'ok' if resolution <= RESOLUTION_TARGET_S else 'MISSED'}; target 1 ms)")
     res = {"runs": rows, "clock_resolution_s": resolution,
            "wall_s_median": {n: statistics.median(r["wall_s"] for r in rows
                                                   if r["scenario"] == n)
                              for n in args.scenarios}}
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    return 0 if all(r["wall_s"] <= WALL_TARGET_S and r["fidelity_valid"] for r in rows) else 1
+    return finish(args.json, res, all(met(r, WALL_TARGET_S) for r in rows))
 
 
 if __name__ == "__main__":
