@@ -7,12 +7,14 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from lab.analysis import diagnose
 from lab.machine import state
@@ -57,11 +59,54 @@ def fabriclab(*args: str, timeout: float = 300, check: bool = True) -> subproces
     return r
 
 
+def result_of(out: Path) -> dict:
+    """The result.json a run wrote to ``out``."""
+    return json.loads((out / "result.json").read_text())
+
+
+def run_to(out: Path, scenario: str, *args: str, timeout: float = 300) -> dict:
+    """`fabriclab run SCENARIO ARGS --out OUT` and its result.json (a module's one run)."""
+    fabriclab("run", scenario, *args, "--out", str(out), timeout=timeout)
+    return result_of(out)
+
+
 def run_scenario(tmp_path: Path, scenario: str, *args: str) -> dict:
     """`fabriclab run SCENARIO ARGS --out TMP` and its result.json."""
-    out = tmp_path / "out"
-    fabriclab("run", scenario, "--out", str(out), *args)
-    return json.loads((out / "result.json").read_text())
+    return run_to(tmp_path / "out", scenario, *args)
+
+
+def phase(r: dict, name: str) -> dict:
+    """A phased run's metrics of phase ``name``."""
+    return r["metrics"]["phases"][name]
+
+
+#: What a run refused because another run holds the lab says.
+BUSY = "another FabricLab run"
+
+R = TypeVar("R")
+
+
+def retry_while_busy(attempt: Callable[[], R], busy: Callable[[R], bool],
+                     budget_s: float = 600.0, pause_s: float = 5.0) -> R:
+    """``attempt()`` again while ``busy`` says another run held the lab, for ``budget_s``;
+    the last attempt's outcome. For a run that cannot queue for the lock itself (one whose
+    caller must see it start, such as --live)."""
+    deadline = time.monotonic() + budget_s
+    while True:
+        outcome = attempt()
+        if not busy(outcome) or time.monotonic() > deadline:
+            return outcome
+        time.sleep(pause_s)
+
+
+def run_in_turn(out: Path, scenario: str, *args: str, timeout: float = 600) -> Path:
+    """`fabriclab run SCENARIO ARGS --out OUT`, tried again while another run holds the lab."""
+    r = retry_while_busy(
+        lambda: fabriclab("run", scenario, *args, "--out", str(out), check=False,
+                          timeout=timeout),
+        lambda r: r.returncode != 0 and BUSY in r.stderr)
+    assert r.returncode == 0, r.stderr
+    return out
 
 
 def run_result(tmp_path: Path, *args: str) -> dict:
@@ -267,3 +312,36 @@ def record_of(owner_pid: int) -> state.RunRecord | None:
         if rec.owner_pid == owner_pid:
             return rec
     return None
+
+
+def pids_started(owner_pid: int, what: Callable[[str], bool], timeout: float = 60.0) -> list[dict]:
+    """The PIDs the run of ``owner_pid`` recorded whose description ``what`` accepts, once
+    there are any (at most ``timeout`` s; empty if none came)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec = record_of(owner_pid)
+        found = [p for p in rec.pids if what(str(p["what"]))] if rec is not None else []
+        if found:
+            return found
+        time.sleep(0.2)
+    return []
+
+
+def kill_9_mid_run(args: list[str], what: Callable[[str], bool],
+                   settle_s: float = 0.0) -> list[dict]:
+    """Start `fabriclab run ARGS`; once it has recorded PIDs that ``what`` accepts (and
+    ``settle_s`` later), ``kill -9`` it and run `fabriclab clean`. Then none of those PIDs
+    lives and nothing of the lab is left; returns them for further checks."""
+    proc = subprocess.Popen([*CLI, "run", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    started = pids_started(proc.pid, what)
+    assert started, "what was to be killed never started"
+    time.sleep(settle_s)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    fabriclab("clean")
+    alive = [p for p in started if state.pid_alive(int(p["pid"]), p["start"])]
+    assert not alive, alive
+    left = lab_leftovers()
+    assert not any(left.values()), left
+    return started

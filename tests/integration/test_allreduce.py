@@ -12,22 +12,19 @@ one the switches counted, and every link's bytes are its flows' bytes.
 from __future__ import annotations
 
 import itertools
-import json
 
 import pytest
 
 from controllers.marking import tcp_wire_ceiling_bps
 from lab.model.result import validate
-from tests.integration.support import check_links_agree_with_flows, fabriclab
+from tests.integration.support import check_links_agree_with_flows, phase, run_to
 
 #: On an uncongested fabric the measured ring time is within 25 % of 2(N−1)/N·S/B.
 IDEAL_TOL = 0.25
 
 
 def run(tmp_path_factory, scenario: str) -> dict:
-    out = tmp_path_factory.mktemp(scenario) / "run"
-    fabriclab("run", scenario, "--out", str(out), timeout=300)
-    return json.loads((out / "result.json").read_text())
+    return run_to(tmp_path_factory.mktemp(scenario) / "run", scenario)
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +40,6 @@ def placement(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory) -> dict:
     return run(tmp_path_factory, "allreduce-shared-link")
-
-
-def phase(r: dict, name: str) -> dict:
-    return r["metrics"]["phases"][name]
 
 
 def check_common(r: dict) -> None:

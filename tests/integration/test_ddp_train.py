@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from lab.model.result import validate
-from tests.integration.support import check_links_agree_with_flows, fabriclab
+from tests.integration.support import check_links_agree_with_flows, phase, result_of, run_to
 
 STEPS = 8           # two epochs of four: two hash rolls in the hashed phase
 
@@ -27,18 +27,13 @@ STEPS = 8           # two epochs of four: two hash rolls in the hashed phase
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ddp-train") / "run"
-    fabriclab("run", "ddp-train", "--set", f"job.steps={STEPS}", "--out", str(out),
-              timeout=400)
+    run_to(out, "ddp-train", "--set", f"job.steps={STEPS}", timeout=400)
     return out
 
 
 @pytest.fixture(scope="module")
 def ddp(run_dir) -> dict:
-    return json.loads((run_dir / "result.json").read_text())
-
-
-def phase(r: dict, name: str) -> dict:
-    return r["metrics"]["phases"][name]
+    return result_of(run_dir)
 
 
 def test_gloos_connections_are_flows_whose_paths_agree_with_the_counters(ddp):

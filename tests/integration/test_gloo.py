@@ -17,7 +17,7 @@ import pytest
 
 from controllers.marking import tcp_wire_ceiling_bps
 from lab.model.result import validate
-from tests.integration.support import check_links_agree_with_flows, fabriclab
+from tests.integration.support import check_links_agree_with_flows, phase, run_to
 
 #: Placed and uncongested, the model, the library and the arithmetic agree within this.
 MODEL_TOL = 0.20
@@ -25,13 +25,8 @@ MODEL_TOL = 0.20
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("allreduce-gloo") / "run"
-    fabriclab("run", "allreduce-gloo", "--out", str(out), timeout=400)
-    return json.loads((out / "result.json").read_text())
-
-
-def phase(r: dict, name: str) -> dict:
-    return r["metrics"]["phases"][name]
+    return run_to(tmp_path_factory.mktemp("allreduce-gloo") / "run", "allreduce-gloo",
+                  timeout=400)
 
 
 def test_every_phase_is_sound_and_its_flows_are_the_links_bytes(both):
@@ -98,8 +93,7 @@ def test_the_model_and_the_library_agree_placed_and_move_together_hashed(both):
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> tuple[dict, object]:
     out = tmp_path_factory.mktemp("allreduce-sweep") / "run"
-    fabriclab("run", "allreduce-sweep", "--out", str(out), timeout=400)
-    return json.loads((out / "result.json").read_text()), out
+    return run_to(out, "allreduce-sweep", timeout=400), out
 
 
 #: From 4 MiB on, both libraries run within this of TCP's ceiling on the wire (measured

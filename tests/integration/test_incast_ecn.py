@@ -8,28 +8,15 @@ arrive CE-marked from about K bytes into the queue on.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import time
-
 import pytest
 
-from lab.machine import state
 from lab.model.result import validate
-from tests.integration.support import CLI, REPO, fabriclab, lab_leftovers
+from tests.integration.support import fabriclab, kill_9_mid_run, lab_leftovers, phase, run_to
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("incast") / "run"
-    fabriclab("run", "incast-ecn", "--out", str(out), timeout=300)
-    return json.loads((out / "result.json").read_text())
-
-
-def phase(r: dict, name: str) -> dict:
-    return r["metrics"]["phases"][name]
+    return run_to(tmp_path_factory.mktemp("incast") / "run", "incast-ecn")
 
 
 def test_result_is_sound(result):
@@ -108,23 +95,6 @@ def test_marking_on_a_port_that_does_not_exist_starts_nothing():
 
 def test_kill_9_mid_job_then_clean_leaves_nothing(tmp_path):
     """Workers, capture and the marker's programs all go: by record, by PID."""
-    proc = subprocess.Popen([*CLI, "run", "incast-ecn", "--set", "phases.tail-drop.job.steps=200",
-                             "--out", str(tmp_path / "killed")], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    started: list[dict] = []
-    while time.monotonic() < deadline and not started:
-        for path in state.records_dir().glob("*.json"):
-            rec = state.RunRecord.load(path)
-            if rec.owner_pid == proc.pid:
-                started = [p for p in rec.pids if "incast sender" in str(p["what"])]
-        time.sleep(0.2)
-    assert started, "the job never started"
-    time.sleep(1.0)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    fabriclab("clean")
-    alive = [p for p in started if state.pid_alive(int(p["pid"]), p["start"])]
-    assert not alive, alive
-    left = lab_leftovers()
-    assert not any(left.values()), left
+    kill_9_mid_run(["incast-ecn", "--set", "phases.tail-drop.job.steps=200",
+                    "--out", str(tmp_path / "killed")],
+                   lambda what: "incast sender" in what, settle_s=1.0)

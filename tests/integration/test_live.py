@@ -21,9 +21,8 @@ import pytest
 from PIL import Image
 
 from tests.integration.netns_browser import CHROMIUM, NetnsBrowser
-from tests.integration.support import RunWatcher
+from tests.integration.support import BUSY, RunWatcher, retry_while_busy
 
-BUSY = "another FabricLab run"
 #: What the test reads of the page: its state, phase, and each link's colour and utilisation.
 READ_PAGE = """JSON.stringify(document.body === null ? null : {
   state: document.body.dataset.state, phase: document.body.dataset.phase,
@@ -74,13 +73,12 @@ def watched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     "chromium-headless-shell)")
     tmp = tmp_path_factory.mktemp("live")
     t0 = time.monotonic()
-    while True:                      # waits its turn while another run holds the lab
-        out = tmp / "run"
-        run, port, seen, shot_taken = watch(out, tmp / "live.png")
-        rc = run.finish()
-        if rc == 0 or BUSY not in run.output() or time.monotonic() - t0 > 600:
-            break
-        time.sleep(5)
+    out = tmp / "run"
+    # The run must be seen to start (its URL), so it cannot queue for the lock itself.
+    run, port, seen, shot_taken = retry_while_busy(
+        lambda: watch(out, tmp / "live.png"),
+        lambda watched: watched[0].finish() != 0 and BUSY in watched[0].output())
+    rc = run.finish()
     assert rc == 0, run.output()
     print(f"live run watched in {time.monotonic() - t0:.1f} s; {len(seen)} page reads")
     return {"out": out, "port": port, "seen": seen, "shot": tmp / "live.png" if shot_taken

@@ -19,23 +19,14 @@ import pytest
 from PIL import Image
 
 from lab.report import compare_rows, load_result, write_compare, write_report
-from tests.integration.support import fabriclab
+from tests.integration.support import fabriclab, run_in_turn
 
 CHROMIUM = shutil.which("chromium-headless-shell")
-BUSY = "another FabricLab run"
 
 
 def run_ecmp(out: Path, policy: str) -> Path:
     """`fabriclab run ecmp-basic` for 3 s; waits its turn while another run holds the lab."""
-    deadline = time.monotonic() + 600
-    while True:
-        r = fabriclab("run", "ecmp-basic", "--policy", policy, "--duration", "3",
-                      "--out", str(out), check=False)
-        if r.returncode == 0 or BUSY not in r.stderr or time.monotonic() > deadline:
-            break
-        time.sleep(5)
-    assert r.returncode == 0, r.stderr
-    return out
+    return run_in_turn(out, "ecmp-basic", "--policy", policy, "--duration", "3", timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -10,19 +10,14 @@ failovers are BFD-fast and lose no stream; nothing of the run survives it, nor a
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from lab.analysis import diagnose
-from lab.machine import state
 from lab.net import frr
-from tests.integration.support import CLI, REPO, fabriclab, lab_leftovers
+from tests.integration.support import fabriclab, kill_9_mid_run, lab_leftovers, phase, run_to
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
@@ -38,14 +33,9 @@ ETH_HEADER = 14
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("streaming") / "run"
-    fabriclab("run", "streaming-incident", "--out", str(out), timeout=600)
-    r = json.loads((out / "result.json").read_text())
+    r = run_to(out, "streaming-incident", timeout=600)
     r["_dir"] = str(out)
     return r
-
-
-def phase(r: dict, name: str) -> dict:
-    return r["metrics"]["phases"][name]
 
 
 def test_bgp_sessions_and_multipath_from_frr_and_kernel(result):
@@ -166,25 +156,8 @@ def test_nothing_of_the_run_remains(result):
 
 def test_kill_9_then_clean_leaves_no_frr(tmp_path):
     out = tmp_path / "killed"
-    proc = subprocess.Popen([*CLI, "run", "streaming-incident", "--set",
-                             "phases=before-upgrade", "--out", str(out)], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    daemons: list[dict] = []
-    while time.monotonic() < deadline and not daemons:
-        for path in state.records_dir().glob("*.json"):
-            rec = state.RunRecord.load(path)
-            if rec.owner_pid == proc.pid:
-                daemons = [p for p in rec.pids if str(p["what"]).startswith("frr ")]
-        time.sleep(0.2)
-    assert daemons, "FRR never started"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    fabriclab("clean")
-    alive = [p for p in daemons if state.pid_alive(int(p["pid"]), p["start"])]
-    assert not alive, alive
+    daemons = kill_9_mid_run(["streaming-incident", "--set", "phases=before-upgrade",
+                              "--out", str(out)], lambda what: what.startswith("frr "))
     crash = [d for d in (Path("/var/tmp/frr") / f"{p['what'].split()[1]}.{p['pid']}"
                          for p in daemons) if d.exists()]
     assert not crash, crash
-    left = lab_leftovers()
-    assert not any(left.values()), left

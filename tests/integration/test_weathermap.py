@@ -18,9 +18,8 @@ import pytest
 
 from lab.plotting.plots import UTIL_LABEL
 from lab.report import load_result, write_compare, write_report
-from tests.integration.support import fabriclab
+from tests.integration.support import fabriclab, run_in_turn
 from tests.integration.test_report import (
-    BUSY,
     assert_not_blank,
     assert_self_contained,
     render,
@@ -30,19 +29,6 @@ from tests.integration.test_report import (
 #: The phases each kind's map is drawn for ("" is an unphased run).
 PHASES = {"ecmp": [""], "collective": ["hashed", "placed"],
           "streaming": ["before-upgrade", "incident"]}
-
-
-def run_scenario(out: Path, scenario: str, *args: str) -> Path:
-    """`fabriclab run SCENARIO ARGS --out OUT`; waits its turn while another run holds the
-    lab."""
-    deadline = time.monotonic() + 600
-    while True:
-        r = fabriclab("run", scenario, *args, "--out", str(out), check=False, timeout=600)
-        if r.returncode == 0 or BUSY not in r.stderr or time.monotonic() > deadline:
-            break
-        time.sleep(5)
-    assert r.returncode == 0, r.stderr
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +43,12 @@ def ecmp(base) -> Path:
 
 @pytest.fixture(scope="module")
 def collective(base) -> Path:
-    return run_scenario(base / "allreduce", "allreduce-ecmp")
+    return run_in_turn(base / "allreduce", "allreduce-ecmp")
 
 
 @pytest.fixture(scope="module")
 def streaming(base) -> Path:
-    return run_scenario(base / "stream", "streaming-incident",
+    return run_in_turn(base / "stream", "streaming-incident",
                         "--set", "phases=before-upgrade,incident")
 
 
