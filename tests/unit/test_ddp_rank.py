@@ -3,19 +3,13 @@ arithmetic of the rank's hook timings, and the per-phase DDP metrics."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from lab import run
 from lab.agents.ddprank import BLOCKS, SPLIT_BYTES, WIDTH, hidden_width, overlap_share, union_s
 from lab.kinds.collective import metrics as jm
-from lab.machine import environment
-from lab.model.errors import MachineError, ScenarioError
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lab.model.errors import ScenarioError
+from tests.unit.test_gloo_library import refused_without_torch, refuses_before_torch
 
 
 @pytest.mark.parametrize("sets, field", [
@@ -44,19 +38,7 @@ def test_the_scenario_checks_and_its_model_holds_exactly_s():
 
 
 def test_ddp_without_torch_is_refused_before_anything_starts(monkeypatch):
-    from lab.kinds.collective import plan as collective
-    monkeypatch.setattr(environment, "collective_library",
-                        lambda: {"torch": None, "gloo": False, "numpy": None,
-                                 "numpy_bridge": False})
-    given = run.check_input("ddp-train")
-    plan = run.Plan(given.scenario, given.kind, given.params, "hash5", given.topo_desc,
-                    given.flows, environment.Environment(
-                        kernel="", datapath="user", userspace_tso=True, netem=False, red=False,
-                        ecn="none", delay="none", congestion_controls=["cubic", "reno"],
-                        dctcp=False), "os-ken")
-    with pytest.raises(MachineError) as err:
-        collective.prepare(plan)
-    assert err.value.field == "job.library"
+    refused_without_torch(monkeypatch, "ddp-train", [])
 
 
 @pytest.mark.parametrize("args, field", [
@@ -66,18 +48,7 @@ def test_ddp_without_torch_is_refused_before_anything_starts(monkeypatch):
     (["--world", "1", "--peers", "10.0.0.1"], "world"),
 ])
 def test_the_ddp_rank_refuses_bad_input_before_importing_torch(args, field, tmp_path):
-    base = {"--rank": "0", "--world": "2", "--master": "10.0.0.1:7200",
-            "--peers": "10.0.0.1,10.0.0.2", "--iface": "h1-eth0", "--size": str(SPLIT_BYTES),
-            "--steps": "2", "--conns-out": str(tmp_path / "c.json"),
-            "--ready-file": str(tmp_path / "r")}
-    for k, v in zip(args[::2], args[1::2], strict=True):
-        base[k] = v
-    argv = [a for kv in base.items() for a in kv]
-    r = subprocess.run([sys.executable, "-m", "lab.agents.worker", "ddp", *argv],
-                       capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert r.returncode == 2, r.stderr
-    assert r.stderr.count("\n") == 1 and f"error: {field}:" in r.stderr, r.stderr
-    assert not (tmp_path / "r").exists()
+    refuses_before_torch("ddp", {"--size": str(SPLIT_BYTES)}, args, field, tmp_path)
 
 
 def test_union_counts_concurrent_buckets_once():

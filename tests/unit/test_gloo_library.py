@@ -58,13 +58,15 @@ def test_unknown_library_on_the_command_line_exits_2_with_one_line():
     assert set(os.listdir("/sys/class/net")) == before
 
 
-def test_gloo_without_torch_is_refused_before_anything_starts(monkeypatch):
-    """The machine check, before the lab's session: the probe says no torch."""
+def refused_without_torch(monkeypatch, scenario: str, sets: list[str]) -> tuple[run.Plan,
+                                                                                 MachineError]:
+    """Prepare ``scenario`` on a machine whose probe says there is no torch: the machine
+    check, before the lab's session, must refuse it with job.library."""
     from lab.kinds.collective import plan as collective
     monkeypatch.setattr(environment, "collective_library",
                         lambda: {"torch": None, "gloo": False, "numpy": None,
                                  "numpy_bridge": False})
-    given = run.check_input("allreduce-ecmp", sets=["library=gloo"])
+    given = run.check_input(scenario, sets=sets)
     plan = run.Plan(given.scenario, given.kind, given.params, "hash5", given.topo_desc,
                     given.flows, environment.Environment(
                         kernel="", datapath="user", userspace_tso=True, netem=False, red=False,
@@ -73,7 +75,13 @@ def test_gloo_without_torch_is_refused_before_anything_starts(monkeypatch):
     with pytest.raises(MachineError) as err:
         collective.prepare(plan)
     assert err.value.field == "job.library"
-    assert "not installed (run: make setup)" in str(err.value)
+    return plan, err.value
+
+
+def test_gloo_without_torch_is_refused_before_anything_starts(monkeypatch):
+    from lab.kinds.collective import plan as collective
+    plan, err = refused_without_torch(monkeypatch, "allreduce-ecmp", ["library=gloo"])
+    assert "not installed (run: make setup)" in str(err)
     # A synthetic job on the same machine is not held up.
     given = run.check_input("allreduce-ecmp")
     plan.params = given.params
@@ -87,14 +95,21 @@ def test_gloo_without_torch_is_refused_before_anything_starts(monkeypatch):
     (["--rank", "2"], "rank"),
 ])
 def test_the_worker_refuses_bad_input_before_importing_torch(args, field, tmp_path):
+    refuses_before_torch("gloo", {}, args, field, tmp_path)
+
+
+def refuses_before_torch(cmd: str, defaults: dict[str, str], args: list[str], field: str,
+                         tmp_path) -> None:
+    """A gloo rank (``cmd``: gloo or ddp) given ``args`` over a valid command line exits 2
+    with one line naming ``field``, before it is ready (torch would take seconds)."""
     base = {"--rank": "0", "--world": "2", "--master": "10.0.0.1:7200",
             "--peers": "10.0.0.1,10.0.0.2", "--iface": "h1-eth0", "--size": "1024",
             "--steps": "2", "--conns-out": str(tmp_path / "c.json"),
-            "--ready-file": str(tmp_path / "r")}
+            "--ready-file": str(tmp_path / "r"), **defaults}
     for k, v in zip(args[::2], args[1::2], strict=True):
         base[k] = v
     argv = [a for kv in base.items() for a in kv]
-    r = subprocess.run([sys.executable, "-m", "lab.agents.worker", "gloo", *argv],
+    r = subprocess.run([sys.executable, "-m", "lab.agents.worker", cmd, *argv],
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and f"error: {field}:" in r.stderr, r.stderr
