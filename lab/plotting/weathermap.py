@@ -353,6 +353,9 @@ def _mid(pa: tuple[float, float], pb: tuple[float, float], rad: float) -> tuple[
 
 def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
               group: FlowGroup | None, vmax: float, title: str) -> None:
+    """The map on ``fig``: arcs coloured by utilisation (the hottest outlined, a flow
+    group's path haloed), nodes by tier, drop and CE marks, the hottest link named, then
+    the frame (tiers, colour bar, legend)."""
     import networkx as nx
     from matplotlib import colormaps
     from matplotlib.colors import Normalize
@@ -410,7 +413,18 @@ def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
                                node_color="#f2f2f2", edgecolors="#444444", linewidths=1.0,
                                hide_ticks=False)
     nx.draw_networkx_labels(g, pos, font_size=6, ax=ax, hide_ticks=False)
+    handles += _mark_drops_and_ce(ax, arcs, pos)
+    if top is not None:
+        handles.append(_name_hottest(ax, top, arcs, pos))
+    _frame(fig, ax, fabric, norm, cmap, vmax, title, handles)
 
+
+def _mark_drops_and_ce(ax: Any, arcs: list[Arc],
+                       pos: dict[str, tuple[float, float]]) -> list[Any]:
+    """A cross with the count on every arc that dropped, a diamond on every one that
+    marked CE; their legend entries."""
+    from matplotlib.lines import Line2D
+    handles: list[Any] = []
     for a in arcs:
         if not (a.drops or a.ce):
             continue
@@ -431,19 +445,29 @@ def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
     if any(a.ce for a in arcs):
         handles.append(Line2D([], [], marker="D", ls="", color="#ff8c00",
                               label="CE marks (count)"))
-    if top is not None:
-        x, y = _mid(pos[top.src], pos[top.dst], arc_rad(top, pos))
-        ax.annotate(f"hottest: {_link_name(top, arcs)} {top.util_pct:.0f} %", (x, y),
-                    # Beside the arc, towards the map's middle: above it would hide a
-                    # short arc between two adjacent tiers.
-                    xytext=(60 if x < MAP_WIDTH / 2 else -60, 12), textcoords="offset points",
-                    ha="left" if x < MAP_WIDTH / 2 else "right", fontsize=8,
-                    fontweight="bold", zorder=7,
-                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "black",
-                          "lw": 0.8},
-                    arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.8})
-        handles.append(Line2D([], [], color="black", lw=4, label="hottest link"))
+    return handles
 
+
+def _name_hottest(ax: Any, top: Arc, arcs: list[Arc],
+                  pos: dict[str, tuple[float, float]]) -> Any:
+    """The hottest link's name and utilisation beside its arc; its legend entry."""
+    from matplotlib.lines import Line2D
+    x, y = _mid(pos[top.src], pos[top.dst], arc_rad(top, pos))
+    ax.annotate(f"hottest: {_link_name(top, arcs)} {top.util_pct:.0f} %", (x, y),
+                # Beside the arc, towards the map's middle: above it would hide a
+                # short arc between two adjacent tiers.
+                xytext=(60 if x < MAP_WIDTH / 2 else -60, 12), textcoords="offset points",
+                ha="left" if x < MAP_WIDTH / 2 else "right", fontsize=8,
+                fontweight="bold", zorder=7,
+                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "black",
+                      "lw": 0.8},
+                arrowprops={"arrowstyle": "-", "color": "black", "lw": 0.8})
+    return Line2D([], [], color="black", lw=4, label="hottest link")
+
+
+def _frame(fig: Any, ax: Any, fabric: Fabric, norm: Any, cmap: Any, vmax: float, title: str,
+           handles: list[Any]) -> None:
+    """Tiers named on the y axis, no x axis, the title, the colour bar, the legend."""
     ax.set_aspect("equal", adjustable="box")
     ax.set_xlim(-0.6, MAP_WIDTH + 0.6)
     ax.set_ylim(-0.7, (len(fabric.tiers) - 1) * TIER_GAP + 0.7)
