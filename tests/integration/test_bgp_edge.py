@@ -24,6 +24,7 @@ import textwrap
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,6 +203,72 @@ def ping_ok(host, ip: str) -> bool:
     return " 0% packet loss" in out
 
 
+def check_daemons_by_record(rnet: Any, record: state.RunRecord) -> None:
+    """Every daemon by PID in the record, each in its router's namespace."""
+    frr_pids = [p for p in record.pids if str(p["what"]).startswith("frr ")]
+    assert sorted(p["what"] for p in frr_pids) == sorted(
+        f"frr {d} {r}" for r, ds in (("border1", "zebra bfdd bgpd"), ("isp1", "zebra bgpd"),
+                                      ("isp2", "zebra bfdd bgpd")) for d in ds.split())
+    assert {int(p["pid"]) for p in frr_pids} <= set(state.marked_pids(record.run_id))
+    for r in rnet.routers:
+        # Fixed source ports (below 61000) never meet a port the kernel picks itself.
+        assert r.cmd("sysctl -n net.ipv4.ip_local_port_range").split() == \
+            [str(p) for p in HOST_EPHEMERAL_PORTS]
+        for d in r.daemons.values():
+            assert os.readlink(f"/proc/{d['pid']}/ns/net") == \
+                os.readlink(f"/proc/{r.pid}/ns/net")
+
+
+def check_frr_view(rnet: Any, border1: Any, t0: float) -> None:
+    """FRR's own view: sessions, prefixes, multipath, BFD."""
+    for r in rnet.routers:
+        peers = r.bgp_summary()["peers"]
+        print(f"{r.name}: " + ", ".join(f"{a} {p['state']} pfxRcd={p.get('pfxRcd')}"
+                                        for a, p in sorted(peers.items())))
+        assert {a: p["state"] for a, p in peers.items()} == {
+            str(n.address): "Established" for n in r.router.neighbors}
+    isp1_peers = rnet.get("isp1").bgp_summary()["peers"]
+    # border1 is no transit: it announces its DC prefix only, not isp2's routes.
+    assert [p["pfxRcd"] for p in isp1_peers.values()] == [1, 1]
+    frr_routes = border1.ip_routes()
+    for prefix, count in ((ISP1_ONLY, 2), (CDN, 3)):
+        best = [e for e in frr_routes[prefix] if e.get("selected")]
+        assert best and best[0]["protocol"] == "bgp"
+        assert len([nh for nh in best[0]["nexthops"] if nh.get("fib")]) == count, best
+    border1.wait_bfd_up(timeout=10)
+    t_bfd = time.monotonic() - t0
+    print(f"BFD border1-isp2 up at {t_bfd:.2f} s")
+    bfd = border1.bfd_peers()
+    assert [(p["peer"], p["status"]) for p in bfd] == [("10.0.2.2", "up")], bfd
+
+
+def check_hashing_and_refusal(rnet: Any, border1: Any) -> None:
+    """L3 vs L4 hashing of one host pair's flows over the two parallel isp1 links; a hash
+    policy the kernel does not have is refused, naming the field, and nothing changes."""
+    sink = rnet.get("cdn1").popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE,
+                                  text=True)
+    try:
+        assert sink.stdout.readline().strip() == "listening"
+        l3 = flows_per_link(rnet, 0, 41000)
+        l4 = flows_per_link(rnet, 1, 42000)
+    finally:
+        sink.kill()
+        sink.wait()
+    print(f"16 flows dc1->cdn1, links used: hash policy 0 (L3) {dict(l3)}; "
+          f"policy 1 (L4) {dict(l4)}")
+    assert len(l3) == 1, l3
+    assert len(l4) == 2, l4
+
+    # A value the kernel does not have is refused, naming the field; nothing changes.
+    with pytest.raises(TopologyError) as exc:
+        border1.set_hash_policy(99)
+    assert exc.value.field == "routers.border1.hash_policy"
+    print(f"refused: {exc.value}")
+    assert border1.hash_policy() == 1
+    with pytest.raises(TopologyError):
+        frr.probe_hash_policy(99, "routers.border1.hash_policy")
+
+
 # -- the tests ---------------------------------------------------------------------------------
 def test_bgp_edge_sessions_multipath_hash_policy_and_teardown():
     before = machine_snapshot()
@@ -221,40 +288,8 @@ def test_bgp_edge_sessions_multipath_hash_policy_and_teardown():
               f"(target <= {CONVERGENCE_TARGET_S:g} s)")
         assert t_routes <= CONVERGENCE_TARGET_S
 
-        # Every daemon by PID in the record, each in its router's namespace.
-        frr_pids = [p for p in record.pids if str(p["what"]).startswith("frr ")]
-        assert sorted(p["what"] for p in frr_pids) == sorted(
-            f"frr {d} {r}" for r, ds in (("border1", "zebra bfdd bgpd"), ("isp1", "zebra bgpd"),
-                                          ("isp2", "zebra bfdd bgpd")) for d in ds.split())
-        assert {int(p["pid"]) for p in frr_pids} <= set(state.marked_pids(record.run_id))
-        for r in rnet.routers:
-            # Fixed source ports (below 61000) never meet a port the kernel picks itself.
-            assert r.cmd("sysctl -n net.ipv4.ip_local_port_range").split() == \
-                [str(p) for p in HOST_EPHEMERAL_PORTS]
-            for d in r.daemons.values():
-                assert os.readlink(f"/proc/{d['pid']}/ns/net") == \
-                    os.readlink(f"/proc/{r.pid}/ns/net")
-
-        # FRR's own view: sessions, prefixes, multipath.
-        for r in rnet.routers:
-            peers = r.bgp_summary()["peers"]
-            print(f"{r.name}: " + ", ".join(f"{a} {p['state']} pfxRcd={p.get('pfxRcd')}"
-                                            for a, p in sorted(peers.items())))
-            assert {a: p["state"] for a, p in peers.items()} == {
-                str(n.address): "Established" for n in r.router.neighbors}
-        isp1_peers = rnet.get("isp1").bgp_summary()["peers"]
-        # border1 is no transit: it announces its DC prefix only, not isp2's routes.
-        assert [p["pfxRcd"] for p in isp1_peers.values()] == [1, 1]
-        frr_routes = border1.ip_routes()
-        for prefix, count in ((ISP1_ONLY, 2), (CDN, 3)):
-            best = [e for e in frr_routes[prefix] if e.get("selected")]
-            assert best and best[0]["protocol"] == "bgp"
-            assert len([nh for nh in best[0]["nexthops"] if nh.get("fib")]) == count, best
-        border1.wait_bfd_up(timeout=10)
-        t_bfd = time.monotonic() - t0
-        print(f"BFD border1-isp2 up at {t_bfd:.2f} s")
-        bfd = border1.bfd_peers()
-        assert [(p["peer"], p["status"]) for p in bfd] == [("10.0.2.2", "up")], bfd
+        check_daemons_by_record(rnet, record)
+        check_frr_view(rnet, border1, t0)
 
         # The kernel's view (ip route in border1's namespace).
         isp1_hops = border1.kernel_nexthops(ISP1_ONLY)
@@ -267,30 +302,7 @@ def test_bgp_edge_sessions_multipath_hash_policy_and_teardown():
         # End to end across the edge: the DC host reaches both CDN prefixes.
         dc1 = rnet.get("dc1")
         assert ping_ok(dc1, CDN1_IP) and ping_ok(dc1, ANYCAST_IP)
-
-        # L3 vs L4 hashing of one host pair's flows over the two parallel isp1 links.
-        sink = rnet.get("cdn1").popen([sys.executable, "-c", SINK], stdout=subprocess.PIPE,
-                                      text=True)
-        try:
-            assert sink.stdout.readline().strip() == "listening"
-            l3 = flows_per_link(rnet, 0, 41000)
-            l4 = flows_per_link(rnet, 1, 42000)
-        finally:
-            sink.kill()
-            sink.wait()
-        print(f"16 flows dc1->cdn1, links used: hash policy 0 (L3) {dict(l3)}; "
-              f"policy 1 (L4) {dict(l4)}")
-        assert len(l3) == 1, l3
-        assert len(l4) == 2, l4
-
-        # A value the kernel does not have is refused, naming the field; nothing changes.
-        with pytest.raises(TopologyError) as exc:
-            border1.set_hash_policy(99)
-        assert exc.value.field == "routers.border1.hash_policy"
-        print(f"refused: {exc.value}")
-        assert border1.hash_policy() == 1
-        with pytest.raises(TopologyError):
-            frr.probe_hash_policy(99, "routers.border1.hash_policy")
+        check_hashing_and_refusal(rnet, border1)
 
         # Stopping one router's daemons by PID: border1 drops to isp1's two nexthops.
         t_stop = time.monotonic()
