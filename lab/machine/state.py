@@ -42,10 +42,12 @@ def require_root(command: str = "fabriclab",
 
 
 @contextlib.contextmanager
-def run_session(label: str, lock_wait_s: float = 0.0) -> Iterator[tuple[RunRecord, Path]]:
+def run_session(label: str, lock_wait_s: float | None = None,
+                ) -> Iterator[tuple[RunRecord, Path]]:
     """The lifecycle every run shares: the lab's lock (waiting up to ``lock_wait_s`` for
-    another run), a record written before anything exists, and the run marker in the
-    environment of every process started; yields the record and the run's work directory.
+    another run; by default as long as ``$FABRICLAB_LOCK_WAIT`` says, as ``LabLock`` reads
+    it), a record written before anything exists, and the run marker in the environment of
+    every process started; yields the record and the run's work directory.
 
     The caller builds inside and tears down by the record before this lets go of the lock;
     ``kill -9`` leaves the record for ``fabriclab clean``.

@@ -464,7 +464,7 @@ class RouterNet:
 
 
 @contextlib.contextmanager
-def router_session(topo: BgpTopo, label: str, lock_wait_s: float = 0.0,
+def router_session(topo: BgpTopo, label: str, lock_wait_s: float | None = None,
                    on_record: Callable[[state.RunRecord], None] | None = None,
                    ) -> Iterator[RouterNet]:
     """Lock, record, yield a built (not started) RouterNet; remove it by record on any exit.
