@@ -44,7 +44,13 @@ def _print_summary(out_dir: Path, result: dict) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from lab import run
+    from lab import grade, run
+    # A policy file answers the run's own flows first, in a child with a time limit (what
+    # `grade` does): an endless choose() is one line in seconds, not a controller that
+    # never programs the switches.
+    grade.check_policy_files(run.check_input(args.scenario, policy=args.policy, sets=args.set,
+                                             duration=args.duration, seed=args.seed),
+                             args.policy)
     if args.dry_run:
         for plan in run.make_plans(args.scenario, policy=args.policy, sets=args.set,
                                    duration=args.duration, seed=args.seed,

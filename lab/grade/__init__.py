@@ -30,12 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controllers import config as controller_config
+from controllers import routing
+from controllers.policies import is_file_spec
 from lab import run
 from lab.grade import exercise
 from lab.grade.exercise import Exercise, NotAnAnswerError, Outcome
 from lab.machine import state
 from lab.model import junit
 from lab.model.errors import BusyError, LabError, ScenarioError
+from lab.model.flows import FlowSpec
 
 #: How long an answer's code may take in its child process (start-up included), seconds.
 DECIDE_TIMEOUT_S = 10.0
@@ -60,7 +64,7 @@ class Graded:
             o.passed for o in self.outcomes)
 
 
-def sandbox(mode: str, path: Path, given: dict[str, Any], timeout: float,
+def sandbox(mode: str, path: Path | str, given: dict[str, Any], timeout: float,
             scratch: Path) -> dict[str, Any]:
     """Run the answer's code in ``lab.grade.runner`` in its own session, at most
     ``timeout`` seconds; the session is killed afterwards, so nothing it started survives."""
@@ -97,6 +101,56 @@ def sandbox(mode: str, path: Path, given: dict[str, Any], timeout: float,
     except (OSError, ValueError):
         return {"ok": False, "error": f"the child process died (exit status "
                                       f"{proc.returncode}) without an answer"}
+
+
+def ask_policy(spec: str, flows: list[FlowSpec], probes: list[tuple[str, list[int]]],
+               seed: int, scratch: Path) -> dict[str, Any]:
+    """The policy file's ``choose()`` asked about ``flows`` at each probe (switch, candidate
+    ports) in a sandboxed child, at most ``DECIDE_TIMEOUT_S``: a crash, an endless loop or
+    an answer that is not one of the ports comes back as ``{"ok": false, "error": ...}``."""
+    given = {"seed": seed, "probes": [[s, list(p)] for s, p in probes],
+             "flows": [[f.src_ip, f.dst_ip, 17 if f.proto == "udp" else 6, f.sport, f.dport]
+                       for f in flows]}
+    return sandbox("policy", spec, given, DECIDE_TIMEOUT_S, scratch)
+
+
+def choice_points(topo_desc: dict[str, Any]) -> list[tuple[str, list[int]]]:
+    """Where the controller will ask a policy: each switch's distinct sets of equal-cost
+    ports (``controllers.routing`` on the config the lab writes), those with a choice."""
+    routes = routing.ecmp_routes(controller_config.build(topo_desc, "hash5", 1))
+    return [(sw, list(ports)) for sw, by_host in sorted(routes.items())
+            for ports in sorted({tuple(p) for p in by_host.values() if len(p) > 1})]
+
+
+def planned_flows(given: run.CheckedInput) -> list[FlowSpec]:
+    """The run's planned flows (a stream gives its ``spec()``); where a kind plans none
+    ahead (a library picks its own ports), one TCP flow between every pair of hosts."""
+    flows = [spec for item in given.flows or []
+             if isinstance(spec := item.spec() if hasattr(item, "spec") else item, FlowSpec)]
+    if flows:
+        return flows
+    hosts = given.topo_desc["hosts"]
+    return [FlowSpec(f"probe{i}", a["name"], b["name"], a["ip"], b["ip"], "tcp", 40000 + i,
+                     5201, 0.0)
+            for i, (a, b) in enumerate((a, b) for a in hosts for b in hosts if a is not b)]
+
+
+def check_policy_files(given: run.CheckedInput, policy: str | None) -> None:
+    """Before a run builds anything: a policy file's ``choose()`` must answer the run's own
+    flows at every switch where it has a choice, quickly (``ask_policy``), the check
+    ``grade`` makes first. Else one ``ScenarioError`` naming the file, instead of a
+    controller that hangs until the run's bring-up times out."""
+    if policy is None or not is_file_spec(policy):
+        return
+    path_text, _, cls = policy.rpartition(":") if not policy.endswith(".py") else (policy,
+                                                                                   "", "")
+    spec = str(Path(path_text).expanduser().resolve()) + (f":{cls}" if cls else "")
+    with tempfile.TemporaryDirectory(prefix="fabriclab-policy-") as scratch:
+        answer = ask_policy(spec, planned_flows(given), choice_points(given.topo_desc),
+                            int(given.params.get("seed") or 1), Path(scratch))
+    if not answer["ok"]:
+        raise ScenarioError("policy-file", f"{path_text}: choose() {answer['error']}"
+                            if answer.get("timed_out") else f"{path_text}: {answer['error']}")
 
 
 class Grader:
@@ -139,10 +193,8 @@ class Grader:
     def _policy(self, ex: Exercise, path: Path, scratch: Path) -> list[Outcome]:
         flows = run.check_input(ex.scenario, policy="hash5", duration=ex.duration,
                                 seed=ex.seed).flows
-        given = {"seed": ex.seed or 1, "probes": [[s, list(p)] for s, p in ex.probes],
-                 "flows": [[f.src_ip, f.dst_ip, 17 if f.proto == "udp" else 6, f.sport,
-                            f.dport] for f in flows]}
-        answer = sandbox("policy", path, given, DECIDE_TIMEOUT_S, scratch)
+        answer = ask_policy(str(path), flows, [(s, list(p)) for s, p in ex.probes],
+                            ex.seed or 1, scratch)
         if not answer["ok"]:
             return [Outcome("decides", False, answer["error"],
                             "choose(flow, switch, ports) must return one of ports, quickly")]
