@@ -115,15 +115,22 @@ def run_result(tmp_path: Path, *args: str) -> dict:
 
 def check_paths_follow_policy(r: dict, policy: str) -> None:
     """The controller installs exactly what a deciding policy chooses, so the path the
-    counters show must be the one its choose() gives for the flow's 5-tuple (ecmp-basic)."""
+    counters show must be the one its choose() gives for the flow's 5-tuple at the first
+    leaf, both ways: the data from leaf1, and the ACKs back from leaf2, a 5-tuple the policy
+    decides on its own (ecmp-basic)."""
     from controllers import policies
     from controllers.policies.base import FlowKey
     pol = policies.get(policy)(seed=r["seed"])
-    port_peer = {ln["a_port"]: ln["b"] for ln in r["topology"]["links"]
-                 if ln["a"] == "leaf1" and ln["b"].startswith("spine")}
+    uplinks: dict[str, dict[int, str]] = {}
+    for ln in r["topology"]["links"]:
+        if ln["a"].startswith("leaf") and ln["b"].startswith("spine"):
+            uplinks.setdefault(ln["a"], {})[ln["a_port"]] = ln["b"]
     for f in r["flows"]:
-        key = FlowKey(f["src_ip"], f["dst_ip"], 6, f["sport"], f["dport"])
-        assert f["path"][1] == port_peer[pol.choose(key, "leaf1", sorted(port_peer))], f
+        forward = FlowKey(f["src_ip"], f["dst_ip"], 6, f["sport"], f["dport"])
+        back = FlowKey(f["dst_ip"], f["src_ip"], 6, f["dport"], f["sport"])
+        for path, key in ((f["path"], forward), (f["reverse_path"], back)):
+            port_peer = uplinks[path[0]]
+            assert path[1] == port_peer[pol.choose(key, path[0], sorted(port_peer))], (path, f)
 
 
 def assert_nothing_left_behind() -> None:
