@@ -154,7 +154,19 @@ def test_ovs_select_uses_the_kernel_datapath_hash(session):
     """ovs-select's choice is the datapath's own hash: it may differ from the userspace
     one; the split is recorded (docs/full-kernel.md), and every flow still has one clean path."""
     r = guest_result(session, "ecmp-ovs-select")
-    assert sum(r["metrics"]["flows_per_uplink"].values()) == 8
+    assert len(r["flows"]) == 8
+    for f in r["flows"]:
+        # The switches counted each flow on one spine only, each way, with bytes on it.
+        assert f["path_clean"] and f["reverse_path_clean"] and f["bytes"] > 0, f
+        for path, ends in ((f["path"], ("leaf1", "leaf2")),
+                           (f["reverse_path"], ("leaf2", "leaf1"))):
+            assert len(path) == 3 and (path[0], path[-1]) == ends, f
+            assert path[1] in {"spine1", "spine2"}, f
+    # and the split per uplink is the flows' own paths, every flow counted once
+    per_uplink = r["metrics"]["flows_per_uplink"]
+    assert set(per_uplink) == {"leaf1->spine1", "leaf1->spine2"}, per_uplink
+    assert per_uplink == {up: sum(f"leaf1->{f['path'][1]}" == up for f in r["flows"])
+                          for up in per_uplink}, per_uplink
 
 
 def test_link_paths_in_the_guest(session):
