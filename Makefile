@@ -6,10 +6,17 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: setup vm-setup demo test test-vm test-vm-ci test-cluster test-cluster-ci unit lint docs architecture bench clean
+.PHONY: setup vm-setup test-tools demo test test-vm test-vm-ci test-cluster test-cluster-ci unit lint docs architecture bench clean
 
 setup:
 	bash lab/setup.sh
+
+# What the tests need beyond the lab: Vagrant, to validate the Vagrantfile (no box is
+# downloaded). Here rather than in lab/setup.sh, which also provisions the VM image and the
+# Vagrant box, where Vagrant has no use.
+test-tools:
+	command -v vagrant >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -q --no-install-recommends vagrant; }
 
 # The full-kernel lane: QEMU and mmdebstrap on this machine, then a Debian 12 VM built from
 # Debian's packages and provisioned by lab/provision.sh (the Vagrantfile's provisioner).
@@ -47,10 +54,10 @@ architecture: setup
 docs: setup
 	$(VENV)/bin/mkdocs build --strict
 
-test: setup lint docs
+test: setup test-tools lint docs
 	$(PY) -m pytest
 
-unit: setup
+unit: setup test-tools
 	$(PY) -m pytest tests/unit
 
 bench: setup

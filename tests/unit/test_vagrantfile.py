@@ -19,7 +19,7 @@ def test_provisioner_runs_the_setup_entry_point():
     assert re.search(r'^bash "\$REPO/lab/setup.sh"$', provision, re.M)
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^setup:\n\tbash lab/setup.sh$", makefile, re.M)
-    assert "make test" in (REPO / ".ci" / "run").read_text()
+    assert re.search(r"^make test$", (REPO / ".ci" / "run").read_text(), re.M)
 
 
 def test_readme_commands_match_the_makefile():
@@ -30,7 +30,18 @@ def test_readme_commands_match_the_makefile():
     assert re.search(r"^test: setup", makefile, re.M)
 
 
-@pytest.mark.skipif(not shutil.which("vagrant"), reason="vagrant is not installed")
+def test_the_tests_set_up_installs_vagrant():
+    """`make test` and `make unit` install Vagrant first (make test-tools), so the check
+    below runs wherever the suite is run the documented way, not in CI alone."""
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^test: setup test-tools\b", makefile, re.M)
+    assert re.search(r"^unit: setup test-tools\b", makefile, re.M)
+    recipe = re.search(r"^test-tools:\n((?:\t.*\n)+)", makefile, re.M)
+    assert recipe and "apt-get install" in recipe.group(1) and "vagrant" in recipe.group(1)
+
+
+@pytest.mark.skipif(not shutil.which("vagrant"), reason="vagrant is not installed (make test "
+                    "and make unit install it: make test-tools)")
 def test_vagrant_validate():
     r = subprocess.run(["vagrant", "validate", "--ignore-provider"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
