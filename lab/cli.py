@@ -289,13 +289,33 @@ def _cmd_vm(args: argparse.Namespace) -> int:
         # run: the same input checks as `fabriclab run`, before anything boots.
         run.check_input(args.scenario, args.policy, args.set, args.duration, args.seed)
         out = Path(args.out) if args.out else run.default_out_dir(args.scenario)
-        job = shlex.join(["fabriclab", "run", *_run_args(args), "--out", "/mnt/out"])
-        # The guest names its results by its own mount: say where they are here.
-        def sink(text: str) -> None:
-            sys.stdout.write(text.replace("/mnt/out", str(out)))
+        job = shlex.join(["fabriclab", "run", *_run_args(args), "--out", "/mnt/out",
+                          *(["--live"] if args.live else [])])
+        # The guest names its results by its own mount and serves the live view on its own
+        # loopback: say where they are here.
+        seen_here = {"/mnt/out": str(out)}
+        forward = None
+        if args.live:
+            from lab.machine import vmnet
+            from lab.report.live import DEFAULT_PORT, HOST
+            forward = (vmnet.host_port(DEFAULT_PORT), DEFAULT_PORT)
+            seen_here[f"http://{HOST}:{DEFAULT_PORT}/"] = f"http://{HOST}:{forward[0]}/"
+        pending = [""]          # whole lines only: a name may arrive split over two reads
+
+        def write(text: str) -> None:
+            for guest, here in seen_here.items():
+                text = text.replace(guest, here)
+            sys.stdout.write(text)
             sys.stdout.flush()
-        rc = vm.execute(job, out, progress, sink=sink)
-        return rc
+
+        def sink(text: str) -> None:
+            lines, _, pending[0] = (pending[0] + text).rpartition("\n")
+            if lines:
+                write(lines + "\n")
+        try:
+            return vm.execute(job, out, progress, sink=sink, forward=forward)
+        finally:
+            write(pending[0])
     except vm.VmBootError as exc:
         print("\n".join(f"  console: {ln}" for ln in exc.console_tail), file=sys.stderr)
         raise
@@ -482,6 +502,8 @@ def _vm_parser(sub: Subparsers) -> None:
     vr.add_argument("--seed", type=int)
     vr.add_argument("--out", help="result directory on this machine")
     vr.add_argument("--controller", choices=RUNTIMES)
+    vr.add_argument("--live", action="store_true",
+                    help="serve the run's live view on 127.0.0.1 here (the URL is printed)")
     ve = vsub.add_parser("exec", help="run a command in the VM (in the checkout, after "
                                       "set-up); its output and exit status come back")
     ve.add_argument("--out", help="a folder on this machine the guest sees as /mnt/out")

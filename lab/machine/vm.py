@@ -13,9 +13,10 @@ paths in a VM it boots itself with QEMU. This module is that lane:
   every input (package lists, ``setup.py``, the provisioner and set-up scripts, this
   recipe), and rebuilt only when one changes.
 * **boot** — KVM where a probe shows it works, else TCG (no nested virtualisation here).
-  The guest gets no network device at all (its traffic stays inside it; nothing listens on
-  the host), two virtio-9p shares (``job``: the checkout, the job, its log and exit status;
-  ``out``: results) and a serial console written to a file. Every boot writes to a
+  The guest gets no network device (its traffic stays inside it; nothing listens on the
+  host) but for one port forwarded for the live view (``lab.machine.vmnet``), two virtio-9p
+  shares (``job``: the checkout, the job, its log and exit status; ``out``: results) and a
+  serial console written to a file. Every boot writes to a
   throwaway qcow2 overlay, so runs never change the cached image.
 * **record** — the boot's folder and QEMU's PID go into a run record before QEMU starts,
   and QEMU carries the run's marker, so ``fabriclab clean`` after a ``kill -9`` leaves no
@@ -40,7 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.machine import environment, qemu, state
+from lab.machine import environment, qemu, state, vmnet
 from lab.model.errors import MachineError
 
 REPO = environment.REPO_ROOT
@@ -369,7 +370,8 @@ class Boot:
             CACHE_DIR / "boots" / record.run_id
         self.vcpus = vcpus
         self.memory_mb = memory_mb
-        #: More QEMU arguments (a cluster member's network devices).
+        #: More QEMU arguments: a cluster member's network devices, or a device
+        #: forwarding one port (``lab.machine.vmnet``).
         self.extra_args = extra_args
         self.share = self.dir / "job"
         self.out_dir = out_dir
@@ -541,15 +543,26 @@ SETUP_STEP = ("bash lab/setup.sh > /tmp/fabriclab-setup.log 2>&1 || "
 
 
 def execute(job: str, out_dir: Path | None, progress: Progress = print,
-            sink: Callable[[str], None] | None = None) -> int:
-    """Build or reuse the image, boot it, run ``job`` after set-up; the job's exit status."""
+            sink: Callable[[str], None] | None = None,
+            forward: tuple[int, int] | None = None) -> int:
+    """Build or reuse the image, boot it, run ``job`` after set-up; the job's exit status.
+
+    ``forward`` (host port, guest port): this machine's 127.0.0.1:host reaches the guest's
+    127.0.0.1:guest while the job runs (``lab.machine.vmnet``); without it the guest has no
+    network device at all.
+    """
     qemu.require_tools(build=False)
     image = build(progress)
+    steps = [SETUP_STEP]
+    extra: tuple[str, ...] = ()
+    if forward is not None:
+        extra = vmnet.qemu_args(*forward)
+        steps.append(vmnet.guest_step(forward[1]))
     with recorded("run") as record:
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
-        boot = Boot(image, record, mode="run", out_dir=out_dir)
-        return boot.run_job(f"{SETUP_STEP}\n{job}", progress, sink=sink)
+        boot = Boot(image, record, mode="run", out_dir=out_dir, extra_args=extra)
+        return boot.run_job("\n".join([*steps, job]), progress, sink=sink)
 
 
 def shell(out_dir: Path) -> int:
