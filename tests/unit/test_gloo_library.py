@@ -20,6 +20,7 @@ from lab.agents.gloorank import GlooRank, own_tcp_sockets
 from lab.kinds.collective import gloo
 from lab.machine import environment
 from lab.model.errors import MachineError, ScenarioError
+from tests.unit.test_cli_errors import assert_nothing_started, run_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_TORCH = bool(environment.collective_library()["torch"])
@@ -47,15 +48,14 @@ def test_a_size_gloo_can_split_need_not_split_into_ring_chunks():
         run.check_input("allreduce-ecmp", sets=["job.size_bytes=1000004"])
 
 
-def test_unknown_library_on_the_command_line_exits_2_with_one_line():
-    before = set(os.listdir("/sys/class/net"))
-    r = subprocess.run([sys.executable, "-m", "lab.cli", "run", "allreduce-ecmp", "--set",
-                        "job.library=nccl"], capture_output=True, text=True, timeout=60,
-                       cwd=REPO)
+def test_unknown_library_on_the_command_line_exits_2_with_one_line(tmp_path):
+    # Isolated as the CLI error tests are: other runs coming and going cannot fail it.
+    r, interfaces = run_cli(tmp_path / "state", "run", "allreduce-ecmp", "--set",
+                            "job.library=nccl")
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "job.library" in lines[0] and "synthetic, gloo" in lines[0]
-    assert set(os.listdir("/sys/class/net")) == before
+    assert_nothing_started(tmp_path / "state", interfaces)
 
 
 def refused_without_torch(monkeypatch, scenario: str, sets: list[str]) -> tuple[run.Plan,
