@@ -13,11 +13,11 @@ paths in a VM it boots itself with QEMU. This module is that lane:
   every input (package lists, ``setup.py``, the provisioner and set-up scripts, this
   recipe), and rebuilt only when one changes.
 * **boot** — KVM where a probe shows it works, else TCG (no nested virtualisation here).
-  The guest gets no network device (its traffic stays inside it; nothing listens on the
-  host) but for one port forwarded for the live view (``lab.machine.vmnet``), two virtio-9p
-  shares (``job``: the checkout, the job, its log and exit status; ``out``: results) and a
-  serial console written to a file. Every boot writes to a
-  throwaway qcow2 overlay, so runs never change the cached image.
+  A run's guest gets no network device (its traffic stays inside it; nothing listens on
+  the host) but, with ``--live``, one that forwards the live view's port from the host's
+  loopback (``lab.machine.vmnet``); two virtio-9p shares (``job``: the checkout, the job,
+  its log and exit status; ``out``: results) and a serial console written to a file. Every
+  boot writes to a throwaway qcow2 overlay, so runs never change the cached image.
 * **record** — the boot's folder and QEMU's PID go into a run record before QEMU starts,
   and QEMU carries the run's marker, so ``fabriclab clean`` after a ``kill -9`` leaves no
   QEMU and no temp image.
