@@ -27,7 +27,9 @@ _LINK_STATS64 = struct.Struct("=8Q")        # rx/tx packets, rx/tx bytes, errors
 NLMSG_ERROR, NLMSG_DONE, NLM_F_DUMP_INTR = 2, 3, 0x10
 TCA_STATS2, TCA_STATS_QUEUE = 7, 3
 IFLA_IFNAME, IFLA_OPERSTATE, IFLA_STATS64 = 3, 16, 23
-IF_OPER_UP = 6
+IF_OPER_UP, IF_OPER_UNKNOWN = 6, 0
+#: ``ifi_flags`` of an interface set up and running (IFF_UP | IFF_RUNNING).
+IFF_RUNNING_UP = 0x1 | 0x40
 TC_H_ROOT = 0xFFFFFFFF                      # a root qdisc's parent
 BYTE_QUEUE_HANDLE = tc_major(QUEUE_HANDLE)  # the byte queue of every lab link
 NLA_TYPE_MASK = 0x3FFF                      # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
@@ -132,7 +134,7 @@ class Netlink:
         out: dict[str, LinkCounters] = {}
         names: dict[int, str] = {}
         for _, buf, start, end in self._dump("link"):
-            _, _, index, _, _ = _IFINFOMSG.unpack_from(buf, start)
+            _, _, index, ifflags, _ = _IFINFOMSG.unpack_from(buf, start)
             name, stats, oper = None, None, 0
             for kind, a, b in _attrs(buf, start + _IFINFOMSG.size, end):
                 if kind == IFLA_IFNAME:
@@ -145,7 +147,11 @@ class Netlink:
                 continue
             names[index] = name
             if stats is not None:
-                out[name] = LinkCounters(stats[3], stats[1], stats[7], oper == IF_OPER_UP)
+                # A tunnel (gretap) detects no carrier: its state is "unknown" while it is
+                # up and running, as ``ip link`` shows it.
+                up = oper == IF_OPER_UP or (oper == IF_OPER_UNKNOWN
+                                            and ifflags & IFF_RUNNING_UP == IFF_RUNNING_UP)
+                out[name] = LinkCounters(stats[3], stats[1], stats[7], up)
         self._names = names
         return out
 

@@ -295,9 +295,12 @@ def weathermap_spec(sec: Section, result: dict[str, Any],
                 + (f" (as hot: {', '.join(_link_name(a, arcs) for a in tied)})" if tied else "")
                 if top else "no link sent anything")
 
+    # A fabric split over machines: the links that are tunnels between them.
+    tunnels = {(t["node"], t["peer"]) for t in result.get("cluster", {}).get("tunnels", [])}
+
     def draw(fig: Any, limit: float) -> str:
         scale = max(100.0, limit)
-        _draw_map(fig, fabric, arcs, top, group, scale, title)
+        _draw_map(fig, fabric, arcs, top, group, scale, title, tunnels)
         where = [f"{_link_name(a, arcs)} {a.drops:,}" for a in arcs if a.drops]
         return ("The fabric by tier, each direction of each cable an arrow coloured by its "
                 "mean utilisation over the "
@@ -309,6 +312,8 @@ def weathermap_spec(sec: Section, result: dict[str, Any],
                 + (f"Drops: {drops:,} ({'; '.join(where[:4])}"
                    f"{', …' if len(where) > 4 else ''}). " if drops else "No drops. ")
                 + (f"CE marks: {marks:,}. " if marks else "")
+                + (f"Dotted blue: the {len(tunnels)} directions that are tunnels between "
+                   "machines. " if tunnels else "")
                 + (f"Drawn as paths: {group.label}." if group and group.paths else
                    "No flow group drawn."))
 
@@ -352,10 +357,11 @@ def _mid(pa: tuple[float, float], pb: tuple[float, float], rad: float) -> tuple[
 
 
 def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
-              group: FlowGroup | None, vmax: float, title: str) -> None:
+              group: FlowGroup | None, vmax: float, title: str,
+              tunnels: set[tuple[str, str]] = frozenset()) -> None:  # type: ignore[assignment]
     """The map on ``fig``: arcs coloured by utilisation (the hottest outlined, a flow
-    group's path haloed), nodes by tier, drop and CE marks, the hottest link named, then
-    the frame (tiers, colour bar, legend)."""
+    group's path haloed, tunnels between machines dotted), nodes by tier, drop and CE
+    marks, the hottest link named, then the frame (tiers, colour bar, legend)."""
     import networkx as nx
     from matplotlib import colormaps
     from matplotlib.colors import Normalize
@@ -398,6 +404,11 @@ def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
                                   label=f"path: {group.label}"))
     if top is not None:
         draw_arcs([top], [width(top) + 4], ["black"], arrowsize=16, arrowstyle="-|>")
+    cut = [a for a in arcs if (a.src, a.dst) in tunnels]
+    if cut:
+        draw_arcs(cut, [width(a) + 5 for a in cut], ["#1f4fbf"] * len(cut), style="dotted",
+                  alpha=0.7, arrowstyle="-")
+        handles.append(Line2D([], [], color="#1f4fbf", ls=":", lw=3, label="tunnel"))
     idle = [a for a in arcs if a.util_pct is None]
     if idle:
         draw_arcs(idle, [0.8] * len(idle), ["#aaaaaa"] * len(idle), style="dashed",
