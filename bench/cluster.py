@@ -67,7 +67,7 @@ def estimate(cores: int, nic_mbps: float, max_machines: int = 256) -> list[dict[
         hosts = k ** 3 // 4
         params = scenario.apply_sets(sc.params, scenario.parse_set([
             f"topology.k={k}", f"topology.host_bw={rate:g}", f"topology.fabric_bw={rate:g}",
-            f"traffic.flows={min(hosts, 128)}"]), kind.SCHEMA)
+            f"traffic.flows={min(hosts, 128)}"]), kind.schema)
         # Beyond one machine's limits on purpose: the question is how many machines.
         desc = describe(make_topology(params["topology"], machine_limits=False))
         flows = kind.plan(desc, params, random.Random(1))
