@@ -3,8 +3,7 @@
 import pytest
 
 from lab.model.errors import TopologyError
-from lab.net.fabric import planned_names
-from lab.net.topobase import host_addr
+from lab.net.topobase import host_addr, planned_names
 from lab.net.topologies import FatTree, LeafSpine, describe, make_topology
 
 
