@@ -85,9 +85,9 @@ def check_size(field: str, what: str, switches: int, hosts: int) -> None:
 
 
 def check_links(host_bw: object, fabric_bw: object,
-                 queue_bytes: object) -> tuple[float, float, int]:
-    """The link parameters every fabric shares, checked (a topology's ``build`` calls it
-    first, so a bad value is refused naming its field before anything is added)."""
+                queue_bytes: object) -> tuple[float, float, int]:
+    """The link parameters every fabric shares, checked (each topology's ``build`` checks
+    them before it adds a node, so a bad value is refused naming its field)."""
     return (check_rate("topology.host_bw", host_bw),
             check_rate("topology.fabric_bw", fabric_bw),
             check_int("topology.queue_bytes", queue_bytes, 3000, 64_000_000))
