@@ -20,16 +20,15 @@ from hypothesis import strategies as st
 from lab import kinds
 from lab.model import scenario
 from lab.model.errors import LabError
-from lab.net.topologies import TOPOLOGIES, topology_class
+from lab.net.topologies import TOPOLOGIES
 
 SCENARIOS = sorted(p.parent.name for p in scenario.scenarios_dir().glob("*/scenario.yaml"))
-TOPOLOGY_TYPES = ("leafspine", "fattree", "streaming-edge")
+TOPOLOGY_TYPES = tuple(TOPOLOGIES)
 
 
 def _topology_keys() -> list[str]:
-    from lab.net.edge import StreamingEdge
     names = {"type"}
-    for cls in [*TOPOLOGIES.values(), StreamingEdge]:
+    for cls in TOPOLOGIES.values():
         names |= set(inspect.signature(cls.build).parameters) - {"self"}
     return sorted(f"topology.{n}" for n in names)
 
@@ -93,7 +92,7 @@ def scenario_keys(name: str) -> list[str]:
     """The keys scenario ``name`` knows: its kind's, its topology's, its phases'."""
     data = REAL[name]
     schema = {**scenario.COMMON_SCHEMA, **kinds.get(data["kind"]).schema}
-    cls = topology_class(data.get("topology", {}).get("type", "leafspine"))
+    cls = TOPOLOGIES.get(data.get("topology", {}).get("type", "leafspine"))
     assert cls is not None
     found = {*schema, "topology.type",
              *(f"topology.{p}" for p in inspect.signature(cls.build).parameters if p != "self")}

@@ -34,7 +34,7 @@ from controllers import config as controller_config
 from controllers import routing
 from controllers.policies import is_file_spec
 from lab import run
-from lab.grade import exercise
+from lab.grade import exercise, exercises
 from lab.grade.exercise import Exercise, NotAnAnswerError, Outcome
 from lab.machine import state
 from lab.model import junit
@@ -170,7 +170,7 @@ class Grader:
         """Grade one file; bad input raises (the batch turns it into a row)."""
         t0 = time.monotonic()
         path = path.resolve()
-        ex, tree = exercise.find(path, given)
+        ex, tree = exercises.find(path, given)
         graded = Graded(path, ex.name)
         graded.outcomes.append(exercise.import_check(ex, tree))
         if graded.outcomes[-1].passed:
@@ -302,9 +302,9 @@ def execute(files: list[Path], given: str | None, batch: bool, out: Path | None,
     """Grade ``files``; 0 if every one passes, 1 otherwise. A single file's bad input
     raises (exit 2); in a batch it is that file's row."""
     if given is not None:
-        exercise.get(given)
+        exercises.get(given)
     if not batch:
-        exercise.find(files[0], given)          # bad input before root, lock or runs
+        exercises.find(files[0], given)          # bad input before root, lock or runs
     check_lab_free()
     grader = Grader(out, progress)
     rows: list[Graded] = []

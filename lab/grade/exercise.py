@@ -1,7 +1,6 @@
-"""What an exercise is, and the registry of them: one module per exercise in ``exercises/``.
-
-Adding an exercise is adding a module there that defines ``EXERCISE`` (and the marker line
-in its skeleton); the grader, its ``--exercise`` choices and the lessons' tests find it.
+"""What an exercise is, how an answer is read without running it, and the helpers the
+exercises' checks share. The exercises themselves, one module each, and the registry that
+finds them are ``lab.grade.exercises``: they import this module, never the reverse.
 
 An exercise's checks are plain functions of what the lab measured (a run's result.json, and
 for a counter analysis what the answer returned): the one definition ``fabriclab grade`` and
@@ -11,8 +10,6 @@ the lessons' tests both use.
 from __future__ import annotations
 
 import ast
-import importlib
-import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,24 +68,6 @@ class Exercise:
         return REPO / "scenarios" / self.lesson / "solutions" / self.file
 
 
-def registry() -> dict[str, Exercise]:
-    """Every exercise, by name: the ``EXERCISE`` of each module in ``lab.grade.exercises``."""
-    from lab.grade import exercises
-    found: dict[str, Exercise] = {}
-    for info in pkgutil.iter_modules(exercises.__path__):
-        ex = importlib.import_module(f"{exercises.__name__}.{info.name}").EXERCISE
-        found[ex.name] = ex
-    return found
-
-
-def get(name: str) -> Exercise:
-    known = registry()
-    if name not in known:
-        raise NotAnAnswerError("exercise", f"unknown exercise {name!r} (known: "
-                          f"{', '.join(sorted(known))})")
-    return known[name]
-
-
 # -- reading an answer without running it ---------------------------------------------------
 
 def parse(path: Path) -> ast.Module:
@@ -114,17 +93,6 @@ def marker(tree: ast.Module) -> str | None:
                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
             return node.value.value
     return None
-
-
-def find(path: Path, given: str | None = None) -> tuple[Exercise, ast.Module]:
-    """The exercise ``path`` answers: ``given`` (``--exercise``), else its marker line."""
-    tree = parse(path)
-    name = given or marker(tree)
-    if name is None:
-        raise NotAnAnswerError("file", f"{path}: not an exercise answer: no module-level "
-                          f'{MARKER} = "..." line (known exercises: '
-                          f"{', '.join(sorted(registry()))}); or give --exercise NAME")
-    return get(name), tree
 
 
 def imports(tree: ast.Module) -> list[tuple[str, int]]:

@@ -39,7 +39,7 @@ from lab.model.errors import TopologyError
 from lab.net.bgp import Router
 from lab.net.frr import BgpTopo, FrrRouter
 from lab.net.links import ShapedLink, check_netem
-from lab.net.topobase import FabricTopo, _check_links, _check_rate
+from lab.net.topobase import FabricTopo, check_links, check_rate
 
 DC_AS = 65000
 DC_PREFIX = "10.0.0.0/8"
@@ -72,10 +72,10 @@ class StreamingEdge(FabricTopo, BgpTopo):
         isps = check_int("topology.isps", isps, 1, 4)
         uplinks = check_int("topology.uplinks", uplinks, 1, 8)
         core_links = check_int("topology.core_links", core_links, 1, 8)
-        host_bw, fabric_bw, queue_bytes = _check_links(host_bw, fabric_bw, queue_bytes)
-        core_bw = _check_rate("topology.core_bw", core_bw)
-        uplink_bw = _check_rate("topology.uplink_bw", uplink_bw)
-        access_bw = _check_rate("topology.access_bw", access_bw)
+        host_bw, fabric_bw, queue_bytes = check_links(host_bw, fabric_bw, queue_bytes)
+        core_bw = check_rate("topology.core_bw", core_bw)
+        uplink_bw = check_rate("topology.uplink_bw", uplink_bw)
+        access_bw = check_rate("topology.access_bw", access_bw)
         self.wan = check_netem(("topology.wan_delay_ms", "", ""), wan_delay_ms)
         if not isinstance(bfd, bool):
             raise TopologyError("topology.bfd", f"expected true or false, got {bfd!r}")
@@ -156,6 +156,11 @@ class StreamingEdge(FabricTopo, BgpTopo):
         self.link_roles[(b, link.b_port)] = role
 
     # -- what the report needs beyond the fabric ----------------------------------------------
+    def describe_extras(self) -> dict[str, object]:
+        """The routers, every link of the BGP plan and the hosts behind the routers."""
+        return {"routers": self.routers_desc(), "router_links": self.router_links_desc(),
+                "external_hosts": self.external_hosts()}
+
     def routers_desc(self) -> list[dict[str, Any]]:
         return [{"name": r.name, "asn": r.asn, "router_id": str(r.router_id),
                  "networks": [str(n) for n in r.networks],

@@ -33,27 +33,12 @@ from lab.net.links import (
     ShapingBatch,
 )
 from lab.net.reach import ping_all
-from lab.net.topologies import FabricTopo, describe
+from lab.net.topobase import FabricTopo, planned_names
+from lab.net.topologies import describe
 
 #: Compiled BPF objects (the ECN marker), built on first use and kept across runs: they
 #: depend only on the source, and building takes a second of clang.
 BPF_BUILD_DIR = state.STATE_DIR / "bpf"
-
-
-def planned_names(topo: FabricTopo) -> tuple[list[str], list[str]]:
-    """(OVS bridges, root-namespace interfaces) the topology will create.
-
-    Mininet names an interface ``<node>-eth<port>``; switch ends live in the root namespace,
-    host ends in the hosts' namespaces (those vanish with the namespace).
-    """
-    bridges = list(topo.switches())
-    intfs = []
-    switch_set = set(bridges)
-    for a, b, info in topo.links(withInfo=True):
-        for node, port in ((a, info["port1"]), (b, info["port2"])):
-            if node in switch_set:
-                intfs.append(f"{node}-eth{port}")
-    return bridges, intfs
 
 
 class LabControllerRef(RemoteController):

@@ -49,6 +49,7 @@ from lab.model.flows import EPHEMERAL_SYSCTL
 from lab.net.bgp import BgpNetwork, Router, Subnet
 from lab.net.bgp import Host as PlanHost
 from lab.net.links import HOST_TCP_SYSCTLS, ShapedLink
+from lab.net.topobase import planned_names
 
 FRR_BIN = Path("/usr/lib/frr")
 VTYSH = "vtysh"
@@ -405,7 +406,6 @@ class RouterNet:
         """Create namespaces and links. Host-to-host veths are made inside the first node's
         namespace with the peer end in the second's, so the root namespace never holds one;
         names are still checked against it, since Mininet deletes same-named interfaces."""
-        from lab.net.fabric import planned_names
         t0 = time.monotonic()
         setLogLevel("warning")
         _bridges, root_intfs = planned_names(self.topo)

@@ -1,11 +1,17 @@
 """What every topology is made of: rates, queues and size limits, host addresses, the
-checks of a topology's parameters, and ``FabricTopo`` (Mininet's ``Topo`` with the lab's
-links). The topologies (``lab.net.topologies``) and the BGP edge (``lab.net.edge``) are
-built on it, so neither needs the other.
+checks of a topology's parameters, the names a topology will create (``planned_names``), and
+``FabricTopo`` (Mininet's ``Topo`` with the lab's links, and what it adds to its description).
+
+Everything here is what the fabric (``lab.net.fabric``), the FRR routers (``lab.net.frr``),
+the BGP edge (``lab.net.edge``) and the topologies' registry (``lab.net.topologies``) share,
+so it sits below all of them: the registry imports the edge, the edge the routers, and none
+of them needs to import back up.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -47,13 +53,27 @@ def host_addr(n: int) -> HostAddr:
     return HostAddr(ip=f"10.0.{n >> 8}.{n & 0xFF}", mac=f"00:00:00:00:{n >> 8:02x}:{n & 0xFF:02x}")
 
 
-def _check_rate(field: str, value: object) -> float:
+def check_rate(field: str, value: object) -> float:
+    """A link rate in Mbit/s that the link model shapes faithfully, refused naming ``field``
+    otherwise."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TopologyError(field, f"expected a rate in Mbit/s, got {value!r}")
     if not 0 < value <= MAX_LINK_MBPS:
         raise TopologyError(field, f"{value} Mbit/s is a rate the link model cannot do "
                             f"faithfully (0 < rate <= {MAX_LINK_MBPS:g} Mbit/s)")
     return float(value)
+
+
+@contextmanager
+def size_guard(enabled: bool) -> Iterator[None]:
+    """Within the block, ``check_size`` holds topologies to one machine's limits (the
+    default) or not: planning a split over several machines describes fabrics larger than
+    one could bring up, and never brings them up."""
+    token = _machine_limits.set(enabled)
+    try:
+        yield
+    finally:
+        _machine_limits.reset(token)
 
 
 def check_size(field: str, what: str, switches: int, hosts: int) -> None:
@@ -64,11 +84,12 @@ def check_size(field: str, what: str, switches: int, hosts: int) -> None:
                             f"switches and {MAX_HOSTS} hosts)")
 
 
-def _check_links(host_bw: object, fabric_bw: object,
-                 queue_bytes: object) -> tuple[float, float, int]:
-    """The link parameters every fabric shares, checked."""
-    return (_check_rate("topology.host_bw", host_bw),
-            _check_rate("topology.fabric_bw", fabric_bw),
+def check_links(host_bw: object, fabric_bw: object,
+                queue_bytes: object) -> tuple[float, float, int]:
+    """The link parameters every fabric shares, checked (each topology's ``build`` checks
+    them before it adds a node, so a bad value is refused naming its field)."""
+    return (check_rate("topology.host_bw", host_bw),
+            check_rate("topology.fabric_bw", fabric_bw),
             check_int("topology.queue_bytes", queue_bytes, 3000, 64_000_000))
 
 
@@ -76,7 +97,7 @@ def _check_links(host_bw: object, fabric_bw: object,
 NETEM_FIELDS = ("topology.link_delay_ms", "topology.link_jitter_ms", "topology.link_loss_pct")
 
 
-def _check_fabric_netem(delay_ms: object, jitter_ms: object, loss_pct: object) -> Netem:
+def check_fabric_netem(delay_ms: object, jitter_ms: object, loss_pct: object) -> Netem:
     """Propagation delay (one way, per link), jitter and loss of every switch-to-switch link.
 
     Host links keep none: the hosts' NIC queues are rebuilt by the collective kind's storage
@@ -99,6 +120,24 @@ def refuse_without_netem(topo_desc: dict[str, object], netem: bool) -> None:
             raise MachineError(field, f"{params[key]:g} asked for, but this kernel has no "
                                "netem: delay, jitter and loss cannot be emulated here (see "
                                "`fabriclab doctor`)")
+
+
+def planned_names(topo: Topo) -> tuple[list[str], list[str]]:
+    """(OVS bridges, root-namespace interfaces) the topology will create.
+
+    Mininet names an interface ``<node>-eth<port>``; switch ends live in the root namespace,
+    host ends in the hosts' namespaces (those vanish with the namespace). The fabric records
+    both before it creates them; the routers' own Mininet only the interfaces (it has no
+    switches).
+    """
+    bridges = list(topo.switches())
+    intfs = []
+    switch_set = set(bridges)
+    for a, b, info in topo.links(withInfo=True):
+        for node, port in ((a, info["port1"]), (b, info["port2"])):
+            if node in switch_set:
+                intfs.append(f"{node}-eth{port}")
+    return bridges, intfs
 
 
 class FabricTopo(Topo):
@@ -144,3 +183,15 @@ class FabricTopo(Topo):
         Routers and hosts behind them (``lab.net.edge``) are outside the fabric."""
         return self.roles.get(name) in {"host", "media", "origin", "gateway",
                                         *_DPID_BASE}
+
+    # -- what a topology adds to its description (``lab.net.topologies.describe``) -----------
+    def describe_switch(self, name: str) -> dict[str, object]:
+        """Fields of switch ``name``'s entry beyond name, role and dpid (a fat-tree's pod).
+
+        The topology says what it has, so the description never asks which class it is."""
+        return {}
+
+    def describe_extras(self) -> dict[str, object]:
+        """Sections of the description beyond the fabric's switches, hosts and links (the
+        BGP edge's routers, their links and the hosts behind them)."""
+        return {}

@@ -1,4 +1,6 @@
-"""Leaf-spine and fat-tree fabrics as Mininet ``Topo``s with stable names and port numbers.
+"""Leaf-spine and fat-tree fabrics as Mininet ``Topo``s with stable names and port numbers,
+and the registry of every topology a scenario can name (``TOPOLOGIES``, the streaming edge of
+``lab.net.edge`` among them).
 
 Names and port numbers are part of the lab's interface: scenarios, tests and lessons refer to
 ``leaf1``, ``spine2``, ``h3`` and to "the uplink leaf1->spine2", so they must not depend on
@@ -12,15 +14,16 @@ import inspect
 
 from lab.model.checks import check_int
 from lab.model.errors import TopologyError
+from lab.net.edge import StreamingEdge
 from lab.net.topobase import (
     DEFAULT_FABRIC_MBPS,
     DEFAULT_HOST_MBPS,
     DEFAULT_QUEUE_BYTES,
     FabricTopo,
-    _check_fabric_netem,
-    _check_links,
-    _machine_limits,
+    check_fabric_netem,
+    check_links,
     check_size,
+    size_guard,
 )
 
 
@@ -42,8 +45,8 @@ class LeafSpine(FabricTopo):
         hosts_per_leaf = check_int("topology.hosts_per_leaf", hosts_per_leaf, 1, 64)
         check_size("topology.hosts_per_leaf", f"{leaves} leaves x {hosts_per_leaf} hosts",
                    spines + leaves, leaves * hosts_per_leaf)
-        host_bw, fabric_bw, queue_bytes = _check_links(host_bw, fabric_bw, queue_bytes)
-        netem = _check_fabric_netem(link_delay_ms, link_jitter_ms, link_loss_pct)
+        host_bw, fabric_bw, queue_bytes = check_links(host_bw, fabric_bw, queue_bytes)
+        netem = check_fabric_netem(link_delay_ms, link_jitter_ms, link_loss_pct)
         self.params = {"spines": spines, "leaves": leaves, "hosts_per_leaf": hosts_per_leaf,
                        "host_bw": host_bw, "fabric_bw": fabric_bw, "queue_bytes": queue_bytes,
                        **{f"link_{key}": v for key, v in netem.as_dict().items()}}
@@ -78,8 +81,8 @@ class FatTree(FabricTopo):
         if k % 2:
             raise TopologyError("topology.k", f"a fat-tree needs an even k, got {k}")
         check_size("topology.k", f"k={k}", 5 * k * k // 4, k ** 3 // 4)
-        host_bw, fabric_bw, queue_bytes = _check_links(host_bw, fabric_bw, queue_bytes)
-        netem = _check_fabric_netem(link_delay_ms, link_jitter_ms, link_loss_pct)
+        host_bw, fabric_bw, queue_bytes = check_links(host_bw, fabric_bw, queue_bytes)
+        netem = check_fabric_netem(link_delay_ms, link_jitter_ms, link_loss_pct)
         self.params = {"k": k, "host_bw": host_bw, "fabric_bw": fabric_bw,
                        "queue_bytes": queue_bytes,
                        **{f"link_{key}": v for key, v in netem.as_dict().items()}}
@@ -110,15 +113,13 @@ class FatTree(FabricTopo):
                     self.addLink(agg, core, port1=half + c, port2=pod,
                                  **self.shaped(fabric_bw, queue_bytes, netem))
 
+    def describe_switch(self, name: str) -> dict[str, object]:
+        return {"pod": self.pods.get(name)}
 
-TOPOLOGIES: dict[str, type[FabricTopo]] = {"leafspine": LeafSpine, "fattree": FatTree}
 
-
-def topology_class(kind: str) -> type[FabricTopo] | None:
-    if kind == "streaming-edge":
-        from lab.net.edge import StreamingEdge  # imports FRR's Mininet glue: only when asked
-        return StreamingEdge
-    return TOPOLOGIES.get(kind)
+#: Every topology a scenario's ``topology.type`` can name.
+TOPOLOGIES: dict[str, type[FabricTopo]] = {
+    cls.kind: cls for cls in (LeafSpine, FatTree, StreamingEdge)}
 
 
 def make_topology(spec: dict[str, object], machine_limits: bool = True) -> FabricTopo:
@@ -129,26 +130,23 @@ def make_topology(spec: dict[str, object], machine_limits: bool = True) -> Fabri
     """
     spec = dict(spec)
     kind = spec.pop("type", "leafspine")
-    cls = topology_class(str(kind))
+    cls = TOPOLOGIES.get(str(kind))
     if cls is None:
         raise TopologyError("topology.type", f"unknown topology {kind!r} "
-                            f"(known: {', '.join(sorted([*TOPOLOGIES, 'streaming-edge']))})")
+                            f"(known: {', '.join(sorted(TOPOLOGIES))})")
     allowed = set(inspect.signature(cls.build).parameters) - {"self"}
     unknown = sorted(set(spec) - allowed, key=str)      # YAML keys need not be strings
     if unknown:
         raise TopologyError(f"topology.{unknown[0]}", f"unknown parameter for {kind} "
                             f"(known: {', '.join(sorted(allowed))})")
-    token = _machine_limits.set(machine_limits)
-    try:
+    with size_guard(machine_limits):
         return cls(**spec)
-    finally:
-        _machine_limits.reset(token)
 
 
 def build_defaults(spec: dict[str, object]) -> dict[str, object]:
     """The values a topology uses for the parameters ``spec`` leaves out (none for an
     unknown type: building it says what is wrong)."""
-    cls = topology_class(str(spec.get("type", "leafspine")))
+    cls = TOPOLOGIES.get(str(spec.get("type", "leafspine")))
     if cls is None:
         return {}
     return {name: p.default for name, p in inspect.signature(cls.build).parameters.items()
@@ -162,8 +160,7 @@ def describe(topo: FabricTopo) -> dict[str, object]:
         info = topo.nodeInfo(name)
         entry: dict[str, object] = {"name": name, "role": topo.role(name),
                                     "dpid": int(str(info["dpid"]), 16)}
-        if isinstance(topo, FatTree):
-            entry["pod"] = topo.pods.get(name)
+        entry.update(topo.describe_switch(name))
         switches.append(entry)
     hosts = []
     for name in topo.hosts():
@@ -185,8 +182,5 @@ def describe(topo: FabricTopo) -> dict[str, object]:
     desc: dict[str, object] = {"type": topo.kind, "params": dict(topo.params),
                                "oversubscription": round(topo.oversubscription, 4),
                                "switches": switches, "hosts": hosts, "links": links}
-    if hasattr(topo, "bgp"):
-        desc["routers"] = topo.routers_desc()
-        desc["router_links"] = topo.router_links_desc()
-        desc["external_hosts"] = topo.external_hosts()
+    desc.update(topo.describe_extras())
     return desc

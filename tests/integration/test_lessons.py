@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from lab import grade
-from lab.grade import exercise
+from lab.grade import exercises
 from lab.machine import state
 from tests.integration.support import CLI, REPO, check_links_agree_with_flows, fabriclab
 
@@ -82,7 +82,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("grade")
     folder = tmp / "submissions"
     folder.mkdir()
-    for ex in exercise.registry().values():
+    for ex in exercises.registry().values():
         shutil.copy(ex.skeleton, folder / f"skeleton_{ex.file}")
         shutil.copy(ex.solution, folder / f"solution_{ex.file}")
     (folder / "crash.py").write_text(CRASH)
@@ -103,7 +103,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_every_solution_passes_and_every_skeleton_fails_with_a_hint(batch: dict) -> None:
     assert batch["r"].returncode == 1           # the skeletons fail
     suites = {s.get("name"): s for s in batch["junit"].findall("testsuite")}
-    for ex in exercise.registry().values():
+    for ex in exercises.registry().values():
         solved = batch["blocks"][f"solution_{ex.file}"]
         assert "FAIL" not in solved and suites[f"grade.solution_{ex.file}"].get(
             "failures") == "0", solved
@@ -152,10 +152,10 @@ def test_batch_prints_the_table(batch: dict) -> None:
     table = batch["r"].stdout.rsplit("\n\n", 1)[-1].splitlines()
     assert table[0].split() == ["file", "exercise", "checks", "verdict", "time"]
     rows = {ln.split()[0]: ln.split() for ln in table[2:-1]}
-    assert len(rows) == 2 * len(exercise.registry()) + 3
-    assert all(rows[f"solution_{ex.file}"][3] == "pass" for ex in exercise.registry().values())
+    assert len(rows) == 2 * len(exercises.registry()) + 3
+    assert all(rows[f"solution_{ex.file}"][3] == "pass" for ex in exercises.registry().values())
     assert rows["crash.py"][3] == rows["loop.py"][3] == rows["cheat.py"][3] == "FAIL"
-    assert table[-1] == f"{len(exercise.registry())} of {len(rows)} files pass"
+    assert table[-1] == f"{len(exercises.registry())} of {len(rows)} files pass"
 
 
 @pytest.mark.parametrize(("args", "field"), [
@@ -180,7 +180,7 @@ def test_syntax_error_and_busy_lab_are_one_line_and_exit_2(tmp_path: Path) -> No
     lock.acquire(0)
     try:
         env = {k: v for k, v in os.environ.items() if k != state.LOCK_WAIT_ENV}
-        r = subprocess.run([*CLI, "grade", str(exercise.get("outage").solution)], cwd=REPO,
+        r = subprocess.run([*CLI, "grade", str(exercises.get("outage").solution)], cwd=REPO,
                            capture_output=True, text=True, env=env, timeout=60)
     finally:
         lock.release()

@@ -9,17 +9,17 @@ from pathlib import Path
 import pytest
 
 from lab import grade
-from lab.grade import exercise
+from lab.grade import exercise, exercises
 from lab.grade.exercise import NotAnAnswerError, Outcome
 
 
 def test_every_shipped_skeleton_and_solution_names_its_exercise() -> None:
-    known = exercise.registry()
+    known = exercises.registry()
     assert set(known) == {"end-the-incident", "anti-polarisation", "congested-uplink",
                           "outage"}
     for ex in known.values():
         for path in (ex.skeleton, ex.solution):
-            found, _ = exercise.find(path)
+            found, _ = exercises.find(path)
             assert found is ex, path
         assert "fabriclab grade" in (ex.skeleton.parents[1] / "README.md").read_text()
 
@@ -28,10 +28,10 @@ def test_a_file_without_marker_needs_the_option(tmp_path: Path) -> None:
     f = tmp_path / "mine.py"
     f.write_text("def congested_uplink(result):\n    return None\n")
     with pytest.raises(NotAnAnswerError, match=r"not an exercise answer.*--exercise"):
-        exercise.find(f)
-    assert exercise.find(f, "congested-uplink")[0].name == "congested-uplink"
+        exercises.find(f)
+    assert exercises.find(f, "congested-uplink")[0].name == "congested-uplink"
     with pytest.raises(NotAnAnswerError, match="unknown exercise 'nope'"):
-        exercise.find(f, "nope")
+        exercises.find(f, "nope")
 
 
 @pytest.mark.parametrize(("name", "text", "message"), [
@@ -45,12 +45,12 @@ def test_bad_files_are_one_line(tmp_path: Path, name: str, text: str | None,
     if text is not None:
         f.write_text(text)
     with pytest.raises(NotAnAnswerError, match=message) as err:
-        exercise.find(f)
+        exercises.find(f)
     assert "\n" not in str(err.value)
 
 
 def test_forbidden_imports_are_found_however_written(tmp_path: Path) -> None:
-    ex = exercise.get("anti-polarisation")
+    ex = exercises.get("anti-polarisation")
     for source in ("from lab.analysis import offline\n",
                    "import controllers.policies.hash5_tier as t\n",
                    "from controllers.policies import hash5_tier\n",

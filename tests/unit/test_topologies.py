@@ -3,9 +3,8 @@
 import pytest
 
 from lab.model.errors import TopologyError
-from lab.net.fabric import planned_names
-from lab.net.topobase import host_addr
-from lab.net.topologies import FatTree, LeafSpine, describe, make_topology
+from lab.net.topobase import host_addr, planned_names
+from lab.net.topologies import TOPOLOGIES, FatTree, LeafSpine, describe, make_topology
 
 
 def test_leafspine_names_ports_and_oversubscription():
@@ -71,3 +70,29 @@ def test_host_addresses_are_unique():
     addrs = {host_addr(n).ip for n in range(1, 600)}
     macs = {host_addr(n).mac for n in range(1, 600)}
     assert len(addrs) == len(macs) == 599
+
+
+def test_every_topology_registers_and_describes_itself():
+    """The streaming edge is in the registry like the fabrics, an unknown type is refused
+    naming all of them, and what a topology adds to its description comes from the topology
+    (a subclass's own additions appear without describe() knowing the class)."""
+    assert set(TOPOLOGIES) == {"leafspine", "fattree", "streaming-edge"}
+    assert all(TOPOLOGIES[name].kind == name for name in TOPOLOGIES)
+    with pytest.raises(TopologyError, match="known: fattree, leafspine, streaming-edge"):
+        make_topology({"type": "torus"})
+    edge = describe(make_topology({"type": "streaming-edge"}))
+    assert {"routers", "router_links", "external_hosts"} <= set(edge)
+    plain = describe(LeafSpine())
+    assert "routers" not in plain and "pod" not in plain["switches"][0]
+    pods = {s["name"]: s["pod"] for s in describe(FatTree(k=4))["switches"]}
+    assert pods["edge1"] == pods["agg1"] == 1 and pods["edge8"] == 4 and pods["core1"] is None
+
+    class Tagged(LeafSpine):
+        def describe_switch(self, name: str) -> dict[str, object]:
+            return {"rack": name.upper()}
+
+        def describe_extras(self) -> dict[str, object]:
+            return {"note": "tagged"}
+
+    d = describe(Tagged(spines=1, leaves=1, hosts_per_leaf=1))
+    assert d["note"] == "tagged" and {s["rack"] for s in d["switches"]} == {"SPINE1", "LEAF1"}
