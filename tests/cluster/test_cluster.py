@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from lab.machine.vmcluster import GUEST_CLUSTER_FILE as CLUSTER
 from tests.integration.support import ABS_TOL, REL_TOL, check_links_agree_with_flows
 
 pytestmark = pytest.mark.cluster
@@ -94,7 +95,7 @@ def test_fault_on_a_cut_link_and_controller_resync(lane) -> None:
 
 
 def test_kill_9_of_the_head_then_clean_leaves_nothing_on_either_machine(lane) -> None:
-    pid = lane.sh("nohup fabriclab run ecmp-basic --cluster /etc/fabriclab/cluster.yaml "
+    pid = lane.sh(f"nohup fabriclab run ecmp-basic --cluster {CLUSTER} "
                   "--policy hash5 --duration 120 --out /root/killed > /root/killed.log 2>&1 "
                   "& echo $!").stdout.strip()
     deadline = time.monotonic() + 600
@@ -105,8 +106,41 @@ def test_kill_9_of_the_head_then_clean_leaves_nothing_on_either_machine(lane) ->
     assert before["bridges"] and before["records"], before        # it was running there
     lane.sh(f"kill -9 {pid}")
     time.sleep(2)
-    out = lane.sh("fabriclab clean --cluster /etc/fabriclab/cluster.yaml").stdout
+    out = lane.sh(f"fabriclab clean --cluster {CLUSTER}").stdout
     assert "removed run" in out, out
     for w in (1, 2):
         assert lane.leftovers(w) == {"bridges": [], "interfaces": [], "records": [],
                                      "processes": []}, w
+
+
+def refused(lane, line: str) -> str:
+    """A command on the head that must exit 2 with one line; that line."""
+    out = lane.sh(line, check=False)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    return lines[0]
+
+
+def test_setup_brings_a_worker_to_the_head_and_bad_workers_are_refused(lane) -> None:
+    # A worker at other code is refused before anything starts, naming it and the fix.
+    lane.sh("echo '# changed on w2 only' >> /fabriclab/lab/__init__.py", worker=2)
+    line = refused(lane, f"fabriclab run ecmp-basic --cluster {CLUSTER} --duration 2")
+    assert "workers[w2]" in line and "cluster setup" in line, line
+    assert lane.leftovers(1)["records"] == [] and lane.leftovers(2)["records"] == []
+    # `cluster setup` copies the head's checkout there and provisions it; then it agrees.
+    out = lane.sh(f"fabriclab cluster setup {CLUSTER}").stdout
+    assert "w2: lab/provision.sh" in out, out
+    heads = {ln.split(":")[0]: ln.split("lab ")[1].split(",")[0]
+             for ln in lane.sh(f"fabriclab cluster check {CLUSTER}").stdout.splitlines()
+             if ln.startswith("[cluster] w")}
+    assert len(heads) == 2 and len(set(heads.values())) == 1, heads
+    # An unreachable worker: one line naming its ssh, nothing started anywhere.
+    lane.sh(f"sed 's/root@192.168.77.2/root@192.168.77.9/; s/address: 192.168.77.2/address: "
+            f"192.168.77.9/' {CLUSTER} > /root/unreachable.yaml")
+    line = refused(lane, "fabriclab run ecmp-basic --cluster /root/unreachable.yaml "
+                         "--duration 2")
+    assert "workers[w2].ssh" in line and "without a password" in line, line
+    for w in (1, 2):
+        assert lane.leftovers(w) == {"bridges": [], "interfaces": [], "records": [],
+                                     "processes": []}
