@@ -341,8 +341,11 @@ def build(progress: Progress = print, force: bool = False) -> Image:
 
 def checkout_tar(dest: Path) -> None:
     """The current checkout as the user has it (tracked and untracked, not ignored files)."""
-    out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "-co",
-                          "--exclude-standard"], capture_output=True, check=False)
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "-co",
+                              "--exclude-standard"], capture_output=True, check=False)
+    except OSError:                     # no git here (a worker's copied checkout)
+        out = subprocess.CompletedProcess([], 1, b"", b"")
     if out.returncode == 0:
         names = [n for n in out.stdout.decode().split("\0") if n]
     else:                               # not a git checkout: everything but venvs and output
