@@ -191,6 +191,22 @@ class LabLock:
             self.fd = None
 
 
+def lock_held() -> bool:
+    """Whether a run holds the lab's lock now (this process does not take it)."""
+    path = STATE_DIR / "lock"
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def _poll_lock(fd: int, wait_s: float) -> None:
     """Try for the lock every 0.2 s for ``wait_s``; then name the holder and give up."""
     deadline = time.monotonic() + wait_s

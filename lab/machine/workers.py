@@ -10,9 +10,7 @@ applies that worker's records of dead runs; nothing is removed by name.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import platform
 import shlex
 import subprocess
@@ -40,17 +38,7 @@ def _tool_version(argv: list[str]) -> str:
 
 def facts() -> dict[str, Any]:
     """This machine's side of the comparison, and whether a lab runs here now."""
-    fd = os.open(state.STATE_DIR / "lock", os.O_RDWR | os.O_CREAT, 0o600) \
-        if state.STATE_DIR.is_dir() else None
-    busy = False
-    if fd is not None:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except BlockingIOError:
-            busy = True
-        finally:
-            os.close(fd)
+    busy = state.lock_held()
     return {"lab": environment.lab_version(), "repo": str(environment.REPO_ROOT),
             "ovs": _tool_version(["ovs-vsctl", "--version"]),
             "mininet": _tool_version(["mn", "--version"]),

@@ -57,3 +57,16 @@ def test_agent_cleans_up_when_its_stdin_closes(state_dir: Path) -> None:
     lock = state.LabLock()
     lock.acquire(0.0)                # released: the next run takes it
     lock.release()
+
+
+def test_facts_say_whether_a_lab_runs_here(state_dir: Path) -> None:
+    """`fabriclab cluster facts` (what setup and check compare) reads the lock, not takes it."""
+    from lab.machine import workers
+    assert workers.facts()["busy"] is False
+    lock = state.LabLock()
+    lock.acquire(0.0)
+    try:
+        assert workers.facts()["busy"] is True
+    finally:
+        lock.release()
+    assert workers.facts()["lab"] == environment.lab_version()
