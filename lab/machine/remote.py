@@ -21,10 +21,13 @@ import shlex
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from lab.model.cluster import ClusterError, WorkerSpec
+
+T = TypeVar("T")
 
 #: ssh's options for every connection the lab makes to a worker.
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
@@ -41,14 +44,13 @@ def ssh(dest: str, command: str, *, tty: bool = False, extra: tuple[str, ...] = 
     return ["ssh", *SSH_OPTIONS, *(["-tt"] if tty else ["-T"]), *extra, dest, command]
 
 
-def run(worker: WorkerSpec, command: str, timeout_s: float = 120.0,
-        input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+def run(worker: WorkerSpec, command: str,
+        timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
     """Run a shell line on ``worker`` (locally for the head) and return what it printed."""
     argv = ["bash", "-c", command] if worker.local else ssh(worker.ssh, command)
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
-                              input=input_text, check=False,
-                              stdin=None if input_text is not None else subprocess.DEVNULL)
+                              check=False, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise ClusterError(f"workers[{worker.name}]",
                            f"`{command[:60]}` did not finish within {timeout_s:.0f} s") \
@@ -199,6 +201,22 @@ class Placement:
 
 
 _current: Placement | None = None
+
+
+def node_of(name: str) -> str:
+    """The node an interface belongs to (Mininet's ``s1-eth3`` -> ``s1``); a node's own
+    name (a bridge's) is itself."""
+    return name.rsplit("-eth", 1)[0]
+
+
+def by_agent(items: Iterable[T], node: Callable[[T], str]) -> dict[Agent | None, list[T]]:
+    """``items`` grouped by the agent of the worker their node is on (None: this
+    machine's), so each group is read or changed where it is. On one machine: one group."""
+    groups: dict[Agent | None, list[T]] = {}
+    for item in items:
+        agent = _current.agent_of(node(item)) if _current is not None else None
+        groups.setdefault(agent, []).append(item)
+    return groups
 
 
 def current() -> Placement | None:

@@ -60,11 +60,7 @@ def by_worker(ports: list[Port]) -> dict[remote.Agent | None, list[Port]]:
     On one machine every port is this machine's; in a cluster (``lab.machine.remote``) a
     port is read where its switch runs, by the same code, and the answers merged.
     """
-    placement = remote.current()
-    groups: dict[remote.Agent | None, list[Port]] = {}
-    for p in ports:
-        groups.setdefault(placement.agent_of(p.node) if placement else None, []).append(p)
-    return groups
+    return remote.by_agent(ports, lambda p: p.node)
 
 
 def _port_args(ports: list[Port]) -> list[list[Any]]:
@@ -454,12 +450,8 @@ def settled_flow_counters(bridges: list[str], quiet_s: float = 0.6,
     measured: 3-4 % of a 4 s flow. Reading until two reads ``quiet_s`` apart agree fixes it.
     In a cluster each worker settles its own bridges.
     """
-    placement = remote.current()
-    groups: dict[remote.Agent | None, list[str]] = {}
-    for br in bridges:
-        groups.setdefault(placement.agent_of(br) if placement else None, []).append(br)
     out: dict[str, dict[int, tuple[int, int]]] = {}
-    for agent, mine in groups.items():
+    for agent, mine in remote.by_agent(bridges, str).items():
         out.update(_local_settled(mine, quiet_s, timeout_s) if agent is None
                    else _remote_flows(agent, mine, settled=True))
     return out

@@ -160,7 +160,7 @@ class ClusterRun:
     def _remote(self, names: list[str]) -> dict[str, list[str]]:
         out: dict[str, list[str]] = {}
         for name in names:
-            out.setdefault(self.where[_node_of(name)], []).append(name)
+            out.setdefault(self.where[remote.node_of(name)], []).append(name)
         return out
 
     # -- before anything exists --------------------------------------------------------
@@ -336,6 +336,3 @@ class ClusterRun:
 #: The most a worker's clock may be off (the offset's error plus its drift over the run)
 #: for its samples to land in the right sampling interval: half of one (10 Hz).
 CLOCK_BOUND_S = 0.05
-def _node_of(name: str) -> str:
-    """The node an interface belongs to (``s1-eth3`` -> ``s1``); a bridge is its node."""
-    return name.rsplit("-eth", 1)[0]

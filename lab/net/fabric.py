@@ -70,8 +70,6 @@ class Fabric:
         self.gateways: frozenset[str] = frozenset()
         #: The other machines this fabric is split over (``lab.net.cluster``), if any.
         self.cluster = cluster
-        #: What each worker's agent removed at ``stop`` (in a cluster).
-        self.cluster_left: dict[str, dict[str, int]] = {}
 
     # -- bring-up ---------------------------------------------------------------------------
     @staticmethod
@@ -225,7 +223,7 @@ class Fabric:
         if self.controller is not None:
             self.controller.stop()
         if self.cluster is not None:
-            self.cluster_left = self.cluster.close()
+            self.cluster.close()        # each agent removes its worker's share
         left = state.remove(self.record)
         self.net = None
         self.timings["stop_s"] = time.monotonic() - t0

@@ -186,12 +186,9 @@ def parse(raw: Any, topo_desc: dict[str, Any], duration: float) -> list[Fault]:
 def set_links(intfs: tuple[str, ...], up: bool) -> None:
     """Both ends of the links, in one ``ip`` call per machine (on one machine the ends
     change within microseconds; a cluster's cut link, within a round trip to the worker)."""
-    by_node: dict[str, list[str]] = {}
-    for i in intfs:
-        by_node.setdefault(i.rsplit("-eth", 1)[0], []).append(i)
-    for node, mine in by_node.items():
+    for mine in remote.by_agent(intfs, remote.node_of).values():
         batch = "".join(f"link set {i} {'up' if up else 'down'}\n" for i in mine)
-        out = remote.run_at(node, ["ip", "-batch", "-"], input_text=batch)
+        out = remote.run_at(remote.node_of(mine[0]), ["ip", "-batch", "-"], input_text=batch)
         if out.returncode != 0:
             raise subprocess.CalledProcessError(out.returncode, out.args, out.stdout,
                                                 out.stderr)
