@@ -204,6 +204,8 @@ def up(n: int, progress: vm.Progress = print) -> VmCluster:
             t = time.monotonic()
             for boot in boots:
                 _wait_job(boot)
+            for m in members:
+                _wait_ssh(m, key, top / "known_hosts")
             progress(f"vm cluster: guests ready in {time.monotonic() - t:.0f} s")
     except BaseException:
         state.remove(record)
@@ -235,6 +237,26 @@ def _wait_job(boot: vm.Boot) -> None:
     if rc_file.read_text().strip() != "0":
         log = (boot.share / "job.log").read_text(errors="replace").splitlines()[-15:]
         raise vm.VmBootError("a cluster guest's set-up failed", log)
+
+
+def _wait_ssh(member: Member, key: Path, known: Path) -> None:
+    """Until the guest's sshd answers a login. The job ends when sshd's unit has started,
+    not when it listens: until then QEMU's port forward accepts and drops the connection
+    (ssh's 'kex_exchange_identification: Connection reset'), so a caller's first command
+    would fail."""
+    deadline = time.monotonic() + vm.BOOT_TIMEOUT_S
+    while True:
+        try:
+            out = subprocess.run(member.ssh(key, known, "true"), capture_output=True,
+                                 text=True, timeout=60, check=False)
+            if out.returncode == 0:
+                return
+            why = out.stderr.splitlines()[-5:]
+        except subprocess.TimeoutExpired:
+            why = ["ssh: no answer in 60 s"]
+        if time.monotonic() > deadline:
+            raise vm.VmBootError(f"guest {member.name} does not answer ssh", why)
+        time.sleep(1.0)
 
 
 def down() -> dict[str, int]:

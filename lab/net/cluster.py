@@ -32,6 +32,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from functools import partial
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +55,24 @@ mncluster.ClusterCleanup.cleanup = classmethod(_never)   # type: ignore[assignme
 
 
 class _Marked:
-    """Remote commands run with the run's marker in their environment."""
+    """Remote commands run with the run's marker in their environment, each node's over
+    an ssh connection of its own.
+
+    One connection a worker, shared by all its nodes, is what the cluster edition offers
+    (``controlPath``), but sshd grants a connection 10 sessions (``MaxSessions``); past
+    that every shell and program opens a connection of its own, and a burst of them (a
+    scenario's iperf3 servers, started together) meets sshd's ``MaxStartups``, which drops
+    some: their programs never start. A node's own connection carries its shell and the
+    programs started in it, opened one node after the other while the network is built.
+    """
 
     run_id = ""
+
+    def __init__(self, name: str, *args: Any, control_dir: str | None = None,
+                 **kwargs: Any) -> None:
+        if control_dir:
+            kwargs["controlPath"] = f"{control_dir}/ssh-{name}"
+        super().__init__(name, *args, **kwargs)  # type: ignore[call-arg]
 
     def _popen(self, cmd: Any, sudo: bool = True, tt: bool = True, **params: Any) -> Any:
         if getattr(self, "isRemote", False):
@@ -70,7 +86,34 @@ class LabRemoteHost(_Marked, mncluster.RemoteHost):
 
 
 class LabRemoteSwitch(_Marked, mncluster.RemoteOVSSwitch):
-    """An OVS switch on any worker, started in per-worker batches."""
+    """An OVS switch on any worker, started in per-worker batches.
+
+    The cluster edition sends a worker's batch through a switch's shell, a terminal whose
+    line discipline keeps at most 4095 characters of a line: a longer ``ovs-vsctl`` line is
+    cut, and not one bridge of that worker is made (a k=4 fat-tree's ten switches a worker
+    write 6,000). So a batch line stays well under that (Mininet splits the batch at
+    ``argmax``), and an error ``ovs-vsctl`` prints stops the run, not ignored.
+    """
+
+    argmax = 3000
+
+    @classmethod
+    def batchStartup(cls, switches: Any, **_kwargs: Any) -> Any:  # noqa: N802 - Mininet API
+        by_server = itertools.groupby(sorted(switches, key=attrgetter("server")),
+                                      attrgetter("server"))
+        for server, members in by_server:
+            group = tuple(members)
+            first = group[0]
+
+            def run(line: str, shell: bool = True, node: Any = first, on: str = server) -> None:
+                out = node.cmd(line).strip()
+                if "ovs-vsctl:" in out:            # (success prints created rows' UUIDs)
+                    raise MachineError("cluster", f"starting the switches on {on}: "
+                                       f"{out[-300:]}")
+
+            # OVSSwitch's batch, with this class's argmax (the cluster edition's skips it).
+            super(mncluster.RemoteOVSSwitch, cls).batchStartup(group, run=run)
+        return switches
 
 
 class PlanPlacer(mncluster.Placer):
@@ -242,9 +285,9 @@ class ClusterRun:
         ips = {self.server(w.name): w.address for w in self.spec.workers}
         users = {w.ssh.partition("@")[0] for w in self.spec.workers
                  if not w.local and "@" in w.ssh}
-        # One ssh connection per worker, shared by its nodes' shells and every program
-        # started on it (ssh's ControlMaster): a handshake each took a second under TCG.
-        mux = {"controlPath": str(self.work / "ssh-%r@%h:%p")}
+        # One ssh connection per remote node, shared by its shell and every program started
+        # in it (ssh's ControlMaster; see _Marked): a handshake each took a second under TCG.
+        mux = {"control_dir": str(self.work)}
         return LabCluster(
             topo=topo, servers=servers(where), serverIP=ips,
             user=users.pop() if len(users) == 1 else "root", precheck=False,
