@@ -105,9 +105,11 @@ def make_plans(name: str, policy: str | None = None, sets: list[str] | None = No
 
 
 def expected_fidelity(given: CheckedInput, policy: str, datapath: str,
-                      cores: int | None = None) -> capacity.Expectation:
+                      cores: int | None = None,
+                      switches: tuple[str, ...] | None = None) -> capacity.Expectation:
     """Whether this machine's datapath is expected to keep the run's fidelity valid
-    (``lab.model.capacity``): for every kind, from the flows its plan returned.
+    (``lab.model.capacity``): for every kind, from the flows its plan returned; with
+    ``switches``, a cluster worker's that forwards for those alone.
 
     A kind's planned traffic is a list of ``FlowSpec`` or of items that give one
     (``spec()``, the streaming kind's streams), each with its ``phase`` where the kind has
@@ -120,20 +122,37 @@ def expected_fidelity(given: CheckedInput, policy: str, datapath: str,
             phases.setdefault(str(getattr(item, "phase", "")), []).append(spec)
     return capacity.expect(given.topo_desc, phases or {"": []},
                            policy_registry.resolve(policy).granularity, datapath,
-                           cores or os.cpu_count() or 1, float(given.params["rate_scale"]))
+                           cores or os.cpu_count() or 1, float(given.params["rate_scale"]),
+                           on=switches)
 
 
-def expectation_line(plan: Plan) -> str:
-    """The plan's expected fidelity on one line: the warning when invalid."""
-    exp = plan.expected
+def expectation_line(plan: Plan, exp: capacity.Expectation | None = None,
+                     label: str = "") -> str:
+    """The plan's expected fidelity (or ``exp``, a worker's) on one line: the warning
+    when invalid."""
+    exp = plan.expected if exp is None else exp
+    tag = f"[{plan.policy_label}]{label}"
     if exp is None:
-        return f"[{plan.policy_label}] expected fidelity: not estimated"
+        return f"{tag} expected fidelity: not estimated"
     if exp.verdict == "invalid":
-        return f"[{plan.policy_label}] {exp.warning()}"
+        return f"{tag} {exp.warning()}"
     if exp.verdict == "valid":
-        return (f"[{plan.policy_label}] expected fidelity: valid - {exp.load * 100:.0f} % "
+        return (f"{tag} expected fidelity: valid - {exp.load * 100:.0f} % "
                 f"of what this machine's datapath held at the fidelity line ({exp.source})")
-    return f"[{plan.policy_label}] expected fidelity: not estimated - {exp.why}"
+    return f"{tag} expected fidelity: not estimated - {exp.why}"
+
+
+def worker_expectations(plan: Plan, cluster: ClusterRun) -> dict[str, capacity.Expectation]:
+    """Each worker's expected fidelity: the capacity model on the hops of the switches
+    placed there (``capacity.switch_shares``), with its stated cores (the head's count
+    when the file states none), and the head's datapath (every worker is set up alike)."""
+    given = CheckedInput(plan.scenario, plan.kind, plan.params, plan.topo_desc, plan.flows,
+                         [plan.policy])
+    switches = {s["name"] for s in plan.topo_desc["switches"]}
+    return {w.name: expected_fidelity(
+        given, plan.policy, plan.env.datapath, w.cores,
+        tuple(sorted(n for n, at in cluster.where.items() if at == w.name and n in switches)))
+        for w in cluster.spec.workers}
 
 
 def default_out_dir(scenario_name: str) -> Path:
@@ -142,21 +161,17 @@ def default_out_dir(scenario_name: str) -> Path:
 
 #: Topologies a cluster run can split: the Clos fabrics the partition plan knows.
 CLUSTER_TOPOLOGIES = ("leafspine", "fattree")
-#: Kinds whose every measurement reaches the head from another worker: iperf3's JSON comes
-#: back on its ssh's stdout. The collective and streaming kinds' programs write their
-#: reports to files and stamp them with their own machine's clock; not yet.
-CLUSTER_KINDS = ("ecmp",)
 
 
-def plan_cluster(path: str | Path, plan: Plan, progress: Progress = print) -> ClusterRun:
+def plan_cluster(path: str | Path, plan: Plan | CheckedInput,
+                 progress: Progress = print) -> ClusterRun:
     """The cluster file checked and the plan's fabric placed on its workers (FabricLab's
     partition plan), before anything is started; a warning when the tunnels' planned
     traffic exceeds a worker's stated NIC rate."""
     spec = cluster_model.load(path)
-    if plan.scenario.kind not in CLUSTER_KINDS:
-        raise cluster_model.ClusterError(
-            "cluster", f"{plan.scenario.name} is a {plan.scenario.kind} scenario; a cluster "
-            f"runs {', '.join(CLUSTER_KINDS)} scenarios so far")
+    refused = plan.kind.cluster_refusal(plan)
+    if refused is not None:
+        raise cluster_model.ClusterError(*refused)
     if plan.topo_desc["type"] not in CLUSTER_TOPOLOGIES:
         raise cluster_model.ClusterError(
             "cluster", f"the {plan.topo_desc['type']} topology cannot be split over "
@@ -183,7 +198,8 @@ def cluster_section(cluster: ClusterRun, result: dict[str, Any]) -> dict[str, An
                for e in result.get("links", []) if where.get(e["peer"]) not in
                (None, where.get(e["node"]))]
     return {**cluster.summary(), "tunnels": tunnels,
-            "fidelity": cluster.fidelity, "removed": cluster.removed}
+            "fidelity": cluster.fidelity, "removed": cluster.removed,
+            "expected": {n: e.as_dict() for n, e in cluster.expected.items()}}
 
 
 @contextmanager
@@ -322,12 +338,13 @@ def run(name: str, out: Path | None = None, progress: Progress = print, live: bo
     the first plan's bring-up until the last report is written. With ``cluster`` (a cluster
     file), each plan's fabric is split over the file's workers (``lab.net.cluster``).
     """
-    plans = make_plans(name, **kwargs)
-    if cluster is not None:
+    if cluster is not None:      # the user's input first, then the machine
         if live:
             raise cluster_model.ClusterError("live", "the live view shows this machine's "
                                              "ports only: not with --cluster")
-        plan_cluster(cluster, plans[0], progress)      # refused here, before anything
+        given = check_input(name, **{k: v for k, v in kwargs.items() if k != "runtime"})
+        plan_cluster(cluster, given, progress)      # refused here, before anything
+    plans = make_plans(name, **kwargs)
     for plan in plans:           # before anything starts: a warning, not a refusal
         if plan.expected is not None and plan.expected.verdict == "invalid":
             progress(expectation_line(plan))
@@ -337,6 +354,10 @@ def run(name: str, out: Path | None = None, progress: Progress = print, live: bo
         for plan in plans:
             out_dir = base if len(plans) == 1 else base / plan.policy_label
             split = plan_cluster(cluster, plan, lambda _m: None) if cluster else None
+            if split is not None:
+                split.expected = worker_expectations(plan, split)
+                for name, exp in split.expected.items():
+                    progress(expectation_line(plan, exp, f" {name}:"))
             done.append((out_dir, execute(plan, out_dir, progress, split)))
             measure_live.set_phase("writing the report")
             write_report_quietly(out_dir, progress)

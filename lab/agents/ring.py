@@ -38,7 +38,7 @@ from lab.agents.workerbase import (
 
 def _sleep_until(deadline: float) -> None:
     """Sleep to an absolute time, so overshoot in one compute part does not add up over parts."""
-    delay = deadline - time.monotonic()
+    delay = deadline - now()
     if delay > 0:
         time.sleep(delay)
 

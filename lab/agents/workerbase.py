@@ -2,9 +2,10 @@
 sink and sender (:mod:`lab.agents.incast`), run by :mod:`lab.agents.worker`.
 
 They time on one clock (``time.monotonic()``, the same in every network namespace of the
-machine, so the lab can line processes up against each other and against switch counters),
-report timestamps to the microsecond, and open TCP connections whose 5-tuple is fixed on the
-command line, because the lab installs per-5-tuple counters on every switch before the run.
+machine, and rebased onto the head's on a cluster's other workers, so the lab can line
+processes up against each other and against switch counters), report timestamps to the
+microsecond, and open TCP connections whose 5-tuple is fixed on the command line, because
+the lab installs per-5-tuple counters on every switch before the run.
 A run that cannot go on raises :class:`CollectiveError`; the command line turns it into one
 line on stderr and exit status 1.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import resource
 import select
 import socket
@@ -46,9 +48,16 @@ class CollectiveError(Exception):
 # --------------------------------------------------------------------------------------------
 
 
+#: A program on another machine of a cluster stamps on the head's clock: the lab hands it
+#: its machine's offset from the head (``worker = head + offset``) in this variable.
+CLOCK_OFFSET_ENV = "FABRICLAB_CLOCK_OFFSET_S"
+_CLOCK_OFFSET_S = float(os.environ.get(CLOCK_OFFSET_ENV) or 0.0)
+
+
 def now() -> float:
-    """The one clock every namespace shares, so ranks and switch counters line up."""
-    return time.monotonic()
+    """The one clock every namespace shares (and, over a cluster, the head's), so ranks and
+    switch counters line up."""
+    return time.monotonic() - _CLOCK_OFFSET_S
 
 
 def stamp(t: float) -> float:

@@ -66,6 +66,16 @@ def _no_section_plots(_section: Section, _run_dir: Path | None) -> Plots:
     return []
 
 
+def _one_machine_only(plan: Plan) -> tuple[str, str]:
+    return ("kind", f"{plan.scenario.name} is a {plan.kind.name} scenario, whose programs "
+            "run on one machine only so far")
+
+
+def splits_anywhere(_plan: Plan) -> None:
+    """A kind whose every plan runs split over machines: nothing to refuse."""
+    return None
+
+
 @dataclass(frozen=True)
 class Kind:
     """What a scenario kind provides. Required hooks first; the rest default to nothing.
@@ -109,6 +119,10 @@ class Kind:
     ``run_plots(result, sections)``, ``section_plots(section, run_dir)``
         its own plots (``lab.plotting`` specs), drawn by the report before, and per phase
         after, the plots every run gets (default: none).
+    ``cluster_refusal(plan)``
+        why the plan cannot run split over several machines (``run --cluster``), as the
+        field to blame and the reason, or None when it can; checked before anything starts
+        (default: refused, the kind's programs run on one machine only).
     """
 
     name: str
@@ -124,6 +138,7 @@ class Kind:
     keep_logs: Callable[[Path, Path], None] = _no_logs
     run_plots: Callable[[dict[str, Any], list[Section]], Plots] = _no_run_plots
     section_plots: Callable[[Section, Path | None], Plots] = _no_section_plots
+    cluster_refusal: Callable[[Plan], tuple[str, str] | None] = _one_machine_only
 
 
 @dataclass

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lab.agents.workerbase import CLOCK_OFFSET_ENV
+from lab.machine import remote
 from lab.machine.environment import guest_vm
 
 #: Seconds a program may take to say it is ready before it counts as hung. Only a guard:
@@ -33,7 +35,16 @@ def ready_timeout_s() -> float:
 
 def spawn(fabric: Any, host: str, argv: list[str], log: Path, what: str) -> subprocess.Popen:
     """Start ``argv`` in ``host``'s namespace, output to ``log``, its PID in the run record
-    (so an interrupted run kills exactly it)."""
+    (so an interrupted run kills exactly it).
+
+    A host on another worker of a cluster writes its files where the head would, in the
+    run's directory that worker keeps at the same path (:func:`lab.machine.remote.fetch`
+    brings them back), and stamps its times on the head's clock; its output comes back
+    through its ssh.
+    """
+    if getattr(fabric.host(host), "isRemote", False):
+        remote.run_at(host, ["mkdir", "-p", str(log.parent)])
+        argv = ["env", f"{CLOCK_OFFSET_ENV}={remote.clock_offset_s(host):.6f}", *argv]
     out = open(log, "wb")  # noqa: SIM115 - the child owns it
     proc = fabric.host(host).popen(argv, stdout=out, stderr=subprocess.STDOUT)
     fabric.record.add_pid(proc.pid, what)

@@ -14,6 +14,7 @@ is refused, not prompted for) and keeps to the addresses in the cluster file.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import selectors
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from lab.model.cluster import ClusterError, WorkerSpec
@@ -254,3 +256,37 @@ def run_at(node: str, argv: list[str], input_text: str | None = None,
     got = agent.request("run", argv=argv, input=input_text, timeout=timeout_s,
                         timeout_s=timeout_s + 30)
     return subprocess.CompletedProcess(argv, int(got["rc"]), got["stdout"], got["stderr"])
+
+
+def clock_offset_s(node: str) -> float:
+    """How far the clock of the machine ``node`` is on runs ahead of the head's
+    (``worker = head + offset``); 0 on this machine."""
+    if _current is None or _current.agent_of(node) is None:
+        return 0.0
+    return _current.offsets[_current.where[node]].offset_s
+
+
+def proc_net(node: Any, name: str) -> str:
+    """A host's own ``/proc/net/<name>`` (its namespace's): read through ``/proc/<pid>`` on
+    this machine, so nothing is spawned; through the host's shell on another worker."""
+    if getattr(node, "isRemote", False):
+        return str(node.cmd(f"cat /proc/net/{name}"))
+    with open(f"/proc/{node.pid}/net/{name}") as f:
+        return f.read()
+
+
+def fetch(directory: Path) -> list[str]:
+    """What programs on the other workers wrote under ``directory`` (the run's own, which
+    each worker's agent keeps at the same path and removes), copied here where no file of
+    that name is yet; returns the paths copied."""
+    copied: list[str] = []
+    for agent in (_current.agents.values() if _current is not None else ()):
+        files = agent.request("fetch", path=str(directory))["files"]
+        for rel, data in sorted(files.items()):
+            target = directory / rel
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(base64.b64decode(data))
+            copied.append(str(target))
+    return copied

@@ -17,12 +17,14 @@ shells); it is the worker's half of what the lab does around the emulation:
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
 import sys
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any, TextIO
 
 from lab.machine import environment, remote, state
@@ -105,6 +107,19 @@ class AgentSession:
         out = subprocess.run(req["argv"], input=req.get("input"), capture_output=True,
                              text=True, check=False, timeout=float(req.get("timeout", 60)))
         return {"rc": out.returncode, "stdout": out.stdout, "stderr": out.stderr}
+
+    def do_fetch(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Every file under ``path``, inside this run's work directory only (programs'
+        outputs, for the head to read where it reads its own)."""
+        top = Path(str(req["path"])).resolve()
+        work = (state.STATE_DIR / "work" / self.run_id).resolve()
+        if not top.is_relative_to(work):
+            raise LabError("", f"{top} is not in this run's work directory")
+        files = {}
+        for f in sorted(top.rglob("*")) if top.is_dir() else []:
+            if f.is_file():
+                files[str(f.relative_to(top))] = base64.b64encode(f.read_bytes()).decode()
+        return {"files": files}
 
     def do_stab(self, req: dict[str, Any]) -> dict[str, Any]:
         for pid, qdiscs in req["entries"]:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -279,6 +279,49 @@ class _HopTable(dict[tuple[str, str], int]):
         return found
 
 
+def switch_shares(topo_desc: Mapping[str, Any], switches: Iterable[str]
+                  ) -> Callable[[str, str], float]:
+    """A function of (src, dst) host names: how many of ``switches`` a flow between them
+    crosses, on average over the equal-cost shortest paths (what ECMP spreads flows over):
+    the part of its hops one machine of a cluster forwards.
+
+    A switch on a shortest path carries the share of those paths that go through it:
+    paths(src, v) * paths(v, dst) / paths(src, dst).
+    """
+    names = {s["name"] for s in topo_desc["switches"]}
+    on = set(switches)
+    adj: dict[str, set[str]] = {}
+    for link in [*topo_desc["links"], *topo_desc.get("router_links", [])]:
+        adj.setdefault(link["a"], set()).add(link["b"])
+        adj.setdefault(link["b"], set()).add(link["a"])
+    walks: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
+
+    def walk(src: str) -> tuple[dict[str, int], dict[str, int]]:
+        if src not in walks:        # breadth-first, forwarding only through switches
+            dist, count, todo = {src: 0}, {src: 1}, deque([src])
+            while todo:
+                node = todo.popleft()
+                if node != src and node not in names:
+                    continue
+                for nxt in adj.get(node, ()):
+                    if nxt not in dist:
+                        dist[nxt], count[nxt] = dist[node] + 1, 0
+                        todo.append(nxt)
+                    if dist[nxt] == dist[node] + 1:
+                        count[nxt] += count[node]
+            walks[src] = (dist, count)
+        return walks[src]
+
+    def share(src: str, dst: str) -> float:
+        (ds, cs), (dd, cd) = walk(src), walk(dst)
+        if dst not in ds:
+            return 0.0
+        return sum(cs[v] * cd[v] / cs[dst] for v in on
+                   if v in ds and v in dd and ds[v] + dd[v] == ds[dst])
+
+    return share
+
+
 def _host_bw_bps(topo_desc: Mapping[str, Any]) -> dict[str, float]:
     """Each host's link rate in bit/s (the lowest, for a host with several links)."""
     switches = {s["name"] for s in topo_desc["switches"]}
@@ -290,15 +333,18 @@ def _host_bw_bps(topo_desc: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def offered(topo_desc: Mapping[str, Any], flows: Iterable[FlowSpec]) -> tuple[float, float, int]:
-    """(flow·hops, packet·hops per second, flows) of ``flows`` on this topology."""
-    hops = switch_hops(topo_desc)
+def offered(topo_desc: Mapping[str, Any], flows: Iterable[FlowSpec],
+            on: Iterable[str] | None = None) -> tuple[float, float, int]:
+    """(flow·hops, packet·hops per second, flows) of ``flows`` on this topology; with
+    ``on``, only the hops of those switches (one worker's of a cluster)."""
+    table = switch_hops(topo_desc)
+    shares = switch_shares(topo_desc, on) if on is not None else None
     bw = _host_bw_bps(topo_desc)
     flow_hops = pkt_hops = 0.0
     n = 0
     for f in flows:
         n += 1
-        h = hops[(f.src, f.dst)]
+        h = shares(f.src, f.dst) if shares is not None else table[(f.src, f.dst)]
         limit = min(bw.get(f.src, math.inf), bw.get(f.dst, math.inf))
         rate = min(f.rate_bps, limit) if f.rate_bps > 0 else limit
         rate = 0.0 if math.isinf(rate) else rate
@@ -310,9 +356,10 @@ def offered(topo_desc: Mapping[str, Any], flows: Iterable[FlowSpec]) -> tuple[fl
 
 def expect(topo_desc: Mapping[str, Any], phases: Mapping[str, list[FlowSpec]],
            granularity: str, datapath: str, cores: int,
-           rate_scale: float = 1.0) -> Expectation:
+           rate_scale: float = 1.0, on: Iterable[str] | None = None) -> Expectation:
     """The expected fidelity of running ``phases`` (phase name -> its flows; one phase ""
-    for an unphased plan) on this topology with a policy of ``granularity``.
+    for an unphased plan) on this topology with a policy of ``granularity``; with ``on``,
+    of the machine that forwards for those switches alone (a cluster's worker).
 
     A phased plan runs its phases one after another: the heaviest one decides.
     """
@@ -327,7 +374,7 @@ def expect(topo_desc: Mapping[str, Any], phases: Mapping[str, list[FlowSpec]],
     budget_p = PKT_HOPS_PER_CORE * cores
     worst: tuple[float, str, float, float, int] | None = None
     for name, flows in phases.items():
-        fh, ph, n = offered(topo_desc, flows)
+        fh, ph, n = offered(topo_desc, flows, on)
         load = fh * cost / budget_f + ph / budget_p
         if worst is None or load > worst[0]:
             worst = (load, name, fh, ph, n)

@@ -195,6 +195,8 @@ class ClusterRun:
         #: Drop and error counters of each worker's NIC towards the others, at the start.
         self.nic0: dict[str, dict[str, int]] = {}
         self.nic_drops: dict[str, int] = {}
+        #: Each worker's expected fidelity (``lab.model.capacity``), before the run.
+        self.expected: dict[str, Any] = {}
 
     def server(self, worker: str) -> str:
         """Mininet's name of a worker: 'localhost' for the head, else its address."""

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lab.machine import remote
 from lab.machine.programs import ready_timeout_s
 from lab.machine.state import RunRecord
 from lab.model.errors import MachineError
@@ -145,18 +146,11 @@ TCP_ESTABLISHED = "01"
 
 def _has_socket(host: Any, flow: FlowSpec) -> bool:
     """Whether ``host``'s namespace holds ``flow``'s client socket (bound to its source
-    address and port; for TCP, established).
-
-    A host on this machine is read through ``/proc/<pid>``; one on another worker of a
-    cluster through its shell, which is that namespace's own ``/proc/net``.
+    address and port; for TCP, established), from its own ``/proc/net``.
     """
     want = f"{_proc_net_addr(flow.src_ip)}:{flow.sport:04X}"
     try:
-        if getattr(host, "isRemote", False):
-            lines = host.cmd(f"cat /proc/net/{flow.proto}").splitlines()[1:]
-        else:
-            with open(f"/proc/{host.pid}/net/{flow.proto}") as f:
-                lines = f.read().splitlines()[1:]
+        lines = remote.proc_net(host, flow.proto).splitlines()[1:]
     except OSError:
         return False
     for line in lines:

@@ -23,14 +23,20 @@ def tunnel_hops(r: dict) -> list[tuple[str, str, str]]:
             if where[a] != where[b]]
 
 
-@pytest.mark.parametrize("policy", ["hash5", pytest.param("hash-l3",
-                                                           marks=pytest.mark.cluster_full)])
-def test_ecmp_basic_split_takes_the_paths_of_one_machine(lane, policy: str) -> None:
-    args = ("--policy", policy, "--seed", "3", "--duration", "5")
-    split = lane.run(f"/root/basic-{policy}-split", "ecmp-basic", *args)
-    one = lane.run(f"/root/basic-{policy}-one", "ecmp-basic", *args, cluster=False)
+def split_and_one(lane, scenario: str, policy: str, *extra: str) -> tuple[dict, dict]:
+    """The same run split over the cluster and on the head alone."""
+    args = ("--policy", policy, "--seed", "3", *(extra or ("--duration", "5")))
+    split = lane.run(f"/root/{scenario}-{policy}-split", scenario, *args)
+    one = lane.run(f"/root/{scenario}-{policy}-one", scenario, *args, cluster=False)
+    return split, one
+
+
+def check_split_as_one_machine(lane, split: dict, one: dict, out: str) -> None:
+    """What a split run must show against the same run on one machine: hosts with their
+    switch, every flow on its one-machine path, bytes reconciled across every tunnel a flow
+    crosses and on every link, clocks known, a report that draws the tunnels, and nothing
+    left on either worker."""
     where = split["cluster"]["placement"]
-    assert where["leaf1"] != where["leaf2"], where        # the leaves on two machines
     hosts = {h["name"] for h in split["topology"]["hosts"]}
     assert all(where[ln["a"]] == where[ln["b"]] for ln in split["topology"]["links"]
                if ln["a"] in hosts), where                # a host stays with its switch
@@ -60,14 +66,75 @@ def test_ecmp_basic_split_takes_the_paths_of_one_machine(lane, policy: str) -> N
     assert set(split["cluster"]["fidelity"]) == {"w1", "w2"}
     assert all(e["up"] for e in split["links"])          # a tunnel is up like a veth
     # The report of a split run draws its tunnels (one direction per entry).
-    lane.sh(f"fabriclab report /root/basic-{policy}-split")
-    index = json.loads(lane.sh(f"cat /root/basic-{policy}-split/plots/index.json").stdout)
+    lane.sh(f"fabriclab report {out}")
+    index = json.loads(lane.sh(f"cat {out}/plots/index.json").stdout)
     (wmap,) = [p for p in index["plots"] if p["kind"] == "weathermap"]
     assert "tunnel" in wmap["legend"]
     assert f"the {len(tunnels)} directions that are tunnels" in wmap["caption"]
     for w in (1, 2):
         assert lane.leftovers(w) == {"bridges": [], "interfaces": [], "records": [],
                                      "processes": []}
+
+
+@pytest.mark.parametrize("policy", ["hash5", pytest.param("hash-l3",
+                                                           marks=pytest.mark.cluster_full)])
+def test_ecmp_basic_split_takes_the_paths_of_one_machine(lane, policy: str) -> None:
+    split, one = split_and_one(lane, "ecmp-basic", policy)
+    where = split["cluster"]["placement"]
+    assert where["leaf1"] != where["leaf2"], where        # the leaves on two machines
+    check_split_as_one_machine(lane, split, one, f"/root/ecmp-basic-{policy}-split")
+
+
+@pytest.mark.cluster_full          # 8.5 minutes a policy under TCG: make test-cluster only
+@pytest.mark.parametrize("policy", ["hash5", "hash-l3"])
+def test_polarisation_fat_tree_split_by_pods_takes_the_paths_of_one_machine(
+        lane, policy: str) -> None:
+    split, one = split_and_one(lane, "ecmp-polarisation", policy)
+    where = split["cluster"]["placement"]
+    pods: dict[int, set[str]] = {}
+    for sw in split["topology"]["switches"]:
+        if sw.get("pod") is not None:
+            pods.setdefault(sw["pod"], set()).add(where[sw["name"]])
+    assert len(pods) == 4 and all(len(w) == 1 for w in pods.values()), pods   # pods whole
+    assert {w for (w,) in pods.values()} == {"w1", "w2"}, pods                 # and split
+    check_split_as_one_machine(lane, split, one, f"/root/ecmp-polarisation-{policy}-split")
+
+
+def test_allreduce_ring_crosses_the_workers_as_on_one_machine(lane) -> None:
+    split, one = split_and_one(lane, "allreduce-ecmp", "hash5", "--set", "job.steps=8")
+    where = split["cluster"]["placement"]
+    (w2_clock,) = split["cluster"]["clock"].values()
+    for name, details in split["phase_details"].items():
+        m = split["metrics"]["phases"][name]
+        assert m["errors"] == [], (name, m["errors"])      # every rank's output came back
+        assert {where[h] for h in m["hosts"]} == {"w1", "w2"}, (name, m["hosts"])
+        ring = [f for f in details["flows"] if f["kind"] == "allreduce"]
+        assert ring and all(f["path_clean"] and f["bytes"] > 0 for f in ring), name
+        # Each connection on its one-machine path, and the ring crosses the tunnels.
+        alone = one["phase_details"][name]["flows"]
+        assert {f["id"]: f["path"] for f in ring} == \
+            {f["id"]: f["path"] for f in alone if f["kind"] == "allreduce"}, name
+        hops = tunnel_hops({"flows": ring, "cluster": split["cluster"]})
+        assert hops, name
+        flows = {f["id"]: f for f in ring}
+        for fid, a, b in hops:
+            sent, came = flows[fid]["hop_bytes"][a], flows[fid]["hop_bytes"][b]
+            assert 0 <= sent - came <= max(ABS_TOL, REL_TOL * sent), (fid, a, b, sent, came)
+        assert check_links_agree_with_flows({**details, "topology": split["topology"]}) == []
+        assert m["steps"] == one["metrics"]["phases"][name]["steps"], name
+        # Every rank stamped its steps on the head's clock: a ring's ranks end a step
+        # together (within 0.15 s under TCG), and so do the two machines' ranks on
+        # average, though their clocks are a boot apart.
+        out = f"/root/allreduce-ecmp-hash5-split/job/{name}"
+        ranks = [json.loads(lane.sh(f"cat {out}/rank{r}.json").stdout)
+                 for r in range(len(m["hosts"]))]
+        assert abs(w2_clock["offset_s"]) > 0.5, w2_clock
+        for k in range(len(ranks[0]["steps"])):
+            ends = {w: [rk["steps"][k]["t_end"] for h, rk in zip(m["hosts"], ranks,
+                                                                 strict=True) if where[h] == w]
+                    for w in ("w1", "w2")}
+            mean = {w: sum(e) / len(e) for w, e in ends.items()}
+            assert abs(mean["w1"] - mean["w2"]) < 0.2, (name, k, ends)
 
 
 @pytest.mark.cluster_full

@@ -157,6 +157,31 @@ def test_hops_are_switches_on_the_shortest_path():
     assert hops[("h1", "h16")] == 5         # across the core
 
 
+def test_a_cluster_workers_share_of_the_hops_adds_up_to_the_path():
+    """Split over two workers by pods, a flow's expected hops on each worker (averaged over
+    its equal-cost paths) add up to its switches on the path; each worker is judged on its
+    own share and cores."""
+    from lab.analysis import partition
+    given = run.check_input("ecmp-polarisation", "hash5", ["topology.k=4"])
+    topo = given.topo_desc
+    hops = capacity.switch_hops(topo)
+    part = partition.partition(topo, 2)
+    shares = [capacity.switch_shares(topo, w.switches) for w in part.workers]
+    hosts = [h["name"] for h in topo["hosts"]]
+    for a in hosts:
+        for b in hosts:
+            if a != b:
+                assert sum(s(a, b) for s in shares) == pytest.approx(hops[(a, b)]), (a, b)
+    near = part.workers[part.assignment["h1"]]
+    assert capacity.switch_shares(topo, near.switches)("h1", "h3") == 3      # its own pod
+    # Across the core: both edge and aggregation tiers of its pod, and half the cores
+    # (the pods split the cores between the workers).
+    assert capacity.switch_shares(topo, near.switches)("h1", "h16") == pytest.approx(2.5)
+    whole = run.expected_fidelity(given, "hash5", "user", cores=2)
+    one = run.expected_fidelity(given, "hash5", "user", cores=2, switches=near.switches)
+    assert one.verdict == "valid" and 0 < one.load < whole.load
+
+
 def test_result_schema_holds_fidelity_expected():
     base = {"schema": 1, "scenario": "s", "policy": "p", "seed": 1, "duration_s": 1.0,
             "environment": dict.fromkeys(("datapath", "ecn", "delay", "controller",

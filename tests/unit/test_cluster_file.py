@@ -93,28 +93,30 @@ def test_mininet_cluster_cleanup_is_disarmed() -> None:
 def test_tunnels_beyond_a_workers_nic_are_warned_before_the_run(tmp_path: Path) -> None:
     """A plan whose tunnels carry more than a worker's stated NIC rate: a warning, like the
     capacity warning; the run is not refused."""
-    from types import SimpleNamespace
 
     from lab import run
     given = run.check_input("ecmp-basic", policy="hash5")
     said: list[str] = []
     spec = write(tmp_path, GOOD.replace("nic_mbps: 1000", "nic_mbps: 50"))
-    split = run.plan_cluster(spec, SimpleNamespace(scenario=given.scenario,
-                                                   topo_desc=given.topo_desc), said.append)
+    split = run.plan_cluster(spec, given, said.append)
     assert {split.where["leaf1"], split.where["leaf2"]} == {"w1", "w2"}
     (line,) = said
     assert "w2's tunnels carry up to" in line and "50" in line and "warning" in line
     ok: list[str] = []
-    run.plan_cluster(write(tmp_path, GOOD), SimpleNamespace(
-        scenario=given.scenario, topo_desc=given.topo_desc), ok.append)
+    run.plan_cluster(write(tmp_path, GOOD), given, ok.append)
     assert ok == []
 
 
-def test_kinds_a_cluster_cannot_split_are_refused(tmp_path: Path) -> None:
-    from types import SimpleNamespace
-
+def test_what_a_cluster_cannot_split_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """A synthetic ring splits; gloo's ranks, storage and a streaming scenario are refused
+    before anything starts, each naming its field."""
     from lab import run
-    given = run.check_input("allreduce-ecmp")
-    with pytest.raises(LabError, match="a cluster runs ecmp scenarios"):
-        run.plan_cluster(write(tmp_path, GOOD), SimpleNamespace(scenario=given.scenario,
-                                                                topo_desc=given.topo_desc))
+    good = write(tmp_path, GOOD)
+    split = run.plan_cluster(good, run.check_input("allreduce-ecmp"))
+    assert set(split.where.values()) == {"w1", "w2"}
+    for name, field in (("allreduce-gloo", "job.library"),
+                        ("allreduce-shared-link", "storage.mode"),
+                        ("streaming-incident", "kind")):
+        with pytest.raises(LabError) as exc:
+            run.plan_cluster(good, run.check_input(name))
+        assert exc.value.field == field and "so far" in exc.value.message, exc.value

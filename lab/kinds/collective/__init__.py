@@ -17,4 +17,4 @@ from lab.kinds.collective import metrics, plan, plots, run
 KIND = Kind(name="collective", schema=plan.SCHEMA, plan=plan.flows, run=run.on_fabric,
             summary_rows=metrics.summary_rows, regress_metrics=metrics.regress_metrics,
             defaults=plan.DEFAULTS, prepare=plan.prepare, keep_logs=run.keep_logs,
-            run_plots=plots.run_plots)
+            run_plots=plots.run_plots, cluster_refusal=plan.cluster_refusal)

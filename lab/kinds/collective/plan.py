@@ -433,6 +433,24 @@ def read_proc(path: str) -> str:
         return ""
 
 
+def cluster_refusal(plan: Plan) -> tuple[str, str] | None:
+    """Why a phase cannot run split over machines yet (the field, the reason), or None.
+
+    A synthetic ring's ranks run on any worker: their outputs come back to the head and
+    their times are stamped on its clock (``lab.machine.programs.spawn``). Gloo's ranks and
+    the storage clients are told to go through ready files, and the incast receiver's
+    capture is a file, all read where the head is; not yet across machines.
+    """
+    for name, pp in check(plan.params, plan.topo_desc).items():
+        for field, value, runs in (("job.library", pp["job"]["library"], "synthetic"),
+                                   ("job.pattern", pp["job"]["pattern"], "ring"),
+                                   ("storage.mode", pp["storage"]["mode"], "off")):
+            if value != runs:
+                return (field, f"{value} (phase {name}): a cluster runs {field} {runs} so "
+                        "far; its programs' ready files and captures are read on the head")
+    return None
+
+
 def prepare(plan: Plan) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Every phase's parameters, and the phases this machine cannot run (and why); refuses
     a congestion control or a marking the machine cannot give, before anything starts."""

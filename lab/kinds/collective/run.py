@@ -27,7 +27,7 @@ from lab.kinds.collective import metrics as jm
 from lab.kinds.collective.programs import JobPrograms, load, wait
 from lab.kinds.collective.readout import Drive, JobReadout
 from lab.kinds.collective.setup import JobSetup, Phase
-from lab.machine import programs
+from lab.machine import programs, remote
 from lab.measure import ecnwire, telemetry
 from lab.measure.window import Window
 from lab.model.errors import MachineError
@@ -66,12 +66,12 @@ def keep_logs(work: Path, out_dir: Path) -> None:
                         ignore=shutil.ignore_patterns("*.pcap"))
 
 
-def tcp_counters(pid: int) -> dict[str, int]:
-    """A namespace's own TCP counters (per-netns in /proc/PID/net), e.g. RTO timeouts."""
+def tcp_counters(node: Any) -> dict[str, int]:
+    """A host's namespace's own TCP counters (its /proc/net), e.g. RTO timeouts."""
     out: dict[str, int] = {}
     for name in ("netstat", "snmp"):
         try:
-            lines = Path(f"/proc/{pid}/net/{name}").read_text().splitlines()
+            lines = remote.proc_net(node, name).splitlines()
         except OSError:
             continue
         for head, vals in zip(lines[::2], lines[1::2], strict=False):
@@ -161,7 +161,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             time.sleep(0.05)
             d.window.open()
             d.ecn0 = self.ecn_counters()
-            d.tcp0 = {h: tcp_counters(self.host(h).pid) for h in watched_hosts}
+            d.tcp0 = {h: tcp_counters(self.host(h)) for h in watched_hosts}
             clients: list[subprocess.Popen] = []
             storage_ready: list[Path] = []
             if ph.sconns:
@@ -194,11 +194,12 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
                     p.send_signal(signal.SIGTERM)
             for p in procs:
                 wait(p, 5)
+            remote.fetch(work)                   # what ranks on other workers wrote
             if d.capture is not None:
                 d.capture.stop()
             d.window.close()
             d.ecn1 = self.ecn_counters()
-            d.tcp1 = {h: tcp_counters(self.host(h).pid) for h in watched_hosts}
+            d.tcp1 = {h: tcp_counters(self.host(h)) for h in watched_hosts}
         finally:
             for p in procs:
                 if p.poll() is None:

@@ -7,8 +7,9 @@ uplink - does. The metrics put the measured split beside the balls-into-bins exp
 
 from __future__ import annotations
 
-from lab.kinds.base import Kind
+from lab.kinds.base import Kind, splits_anywhere
 from lab.kinds.ecmp import metrics, plan, run
 
 KIND = Kind(name="ecmp", schema=plan.SCHEMA, plan=plan.flows, run=run.on_fabric,
-            summary_rows=metrics.summary_rows, regress_metrics=metrics.regress_metrics)
+            summary_rows=metrics.summary_rows, regress_metrics=metrics.regress_metrics,
+            cluster_refusal=splits_anywhere)
