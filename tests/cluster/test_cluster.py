@@ -59,7 +59,16 @@ def check_split_as_one_machine(lane, split: dict, one: dict, out: str) -> None:
     assert check_links_agree_with_flows(split) == []
     tunnels = split["cluster"]["tunnels"]
     assert {(t["node"], t["peer"]) for t in tunnels} >= {(a, b) for _, a, b in hops}
-    assert all(t["drops"] == 0 for t in tunnels), tunnels
+    # A tunnel drops only at its configured queue (a hash-l3 collision fills it): one that
+    # dropped had its queue seen at least half full; the NIC between the workers, nothing.
+    limit = {(ln[a], ln[b]): ln["queue_bytes"] for ln in split["topology"]["links"]
+             for a, b in (("a", "b"), ("b", "a"))}
+    links = {(e["node"], e["peer"]): e for e in split["links"]}
+    for t in tunnels:
+        if t["drops"]:
+            seen = max(links[(t["node"], t["peer"])]["series"]["queue_bytes"], default=0)
+            assert seen >= limit[(t["node"], t["peer"])] / 2, (t, seen)
+    assert not [n for n in split["fidelity"]["notes"] if "NIC" in n], split["fidelity"]
     # Clocks known well enough to place every worker's samples.
     (clock,) = split["cluster"]["clock"].values()
     assert clock["error_ms"] + abs(clock["drift_ms"]) < 50, clock
