@@ -104,7 +104,7 @@ def make_plans(name: str, policy: str | None = None, sets: list[str] | None = No
             for p in given.policies]
 
 
-def expected_fidelity(given: CheckedInput, policy: str, datapath: str,
+def expected_fidelity(given: CheckedInput | Plan, policy: str, datapath: str,
                       cores: int | None = None,
                       switches: tuple[str, ...] | None = None) -> capacity.Expectation:
     """Whether this machine's datapath is expected to keep the run's fidelity valid
@@ -146,11 +146,9 @@ def worker_expectations(plan: Plan, cluster: ClusterRun) -> dict[str, capacity.E
     """Each worker's expected fidelity: the capacity model on the hops of the switches
     placed there (``capacity.switch_shares``), with its stated cores (the head's count
     when the file states none), and the head's datapath (every worker is set up alike)."""
-    given = CheckedInput(plan.scenario, plan.kind, plan.params, plan.topo_desc, plan.flows,
-                         [plan.policy])
     switches = {s["name"] for s in plan.topo_desc["switches"]}
     return {w.name: expected_fidelity(
-        given, plan.policy, plan.env.datapath, w.cores,
+        plan, plan.policy, plan.env.datapath, w.cores,
         tuple(sorted(n for n, at in cluster.where.items() if at == w.name and n in switches)))
         for w in cluster.spec.workers}
 

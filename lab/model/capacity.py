@@ -288,12 +288,9 @@ def switch_shares(topo_desc: Mapping[str, Any], switches: Iterable[str]
     A switch on a shortest path carries the share of those paths that go through it:
     paths(src, v) * paths(v, dst) / paths(src, dst).
     """
-    names = {s["name"] for s in topo_desc["switches"]}
+    graph = _HopTable(topo_desc)           # its switches and links, not its walks
+    names, adj = graph.switches, graph.adj
     on = set(switches)
-    adj: dict[str, set[str]] = {}
-    for link in [*topo_desc["links"], *topo_desc.get("router_links", [])]:
-        adj.setdefault(link["a"], set()).add(link["b"])
-        adj.setdefault(link["b"], set()).add(link["a"])
     walks: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
 
     def walk(src: str) -> tuple[dict[str, int], dict[str, int]]:
