@@ -65,9 +65,13 @@ fi
 
 # A system FRR service (where systemd enables it) would run routing daemons in the root
 # namespace; the lab's routers run their own.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled frr >/dev/null 2>&1; then
-    systemctl disable --now frr || true
-fi
+# The same for nginx: its packaged site would listen on port 80 in the root namespace; the
+# lab's media servers are its own, one per host, on the hosts' fabric addresses.
+for svc in frr nginx; do
+    if command -v systemctl >/dev/null 2>&1 && systemctl is-enabled "$svc" >/dev/null 2>&1; then
+        systemctl disable --now "$svc" || true
+    fi
+done
 
 # --- 2. TCP congestion controls usable inside namespaces -----------------------------------
 allowed=$(cat /proc/sys/net/ipv4/tcp_allowed_congestion_control)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 #: The agents, by module name.
-AGENTS = ("worker", "streamer", "storage", "microburst", "probe")
+AGENTS = ("worker", "streamer", "rtmpview", "storage", "microburst", "probe")
 
 
 def command(name: str, *args: str) -> list[str]:

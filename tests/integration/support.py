@@ -335,15 +335,20 @@ def pids_started(owner_pid: int, what: Callable[[str], bool], timeout: float = 6
 
 
 def kill_9_mid_run(args: list[str], what: Callable[[str], bool],
-                   settle_s: float = 0.0) -> list[dict]:
-    """Start `fabriclab run ARGS`; once it has recorded PIDs that ``what`` accepts (and
-    ``settle_s`` later), ``kill -9`` it and run `fabriclab clean`. Then none of those PIDs
-    lives and nothing of the lab is left; returns them for further checks."""
+                   settle_s: float = 0.0,
+                   until: Callable[[str], bool] | None = None) -> list[dict]:
+    """Start `fabriclab run ARGS`; once it has recorded PIDs that ``until`` (default:
+    ``what``) accepts, and ``settle_s`` later, ``kill -9`` it and run `fabriclab clean`. Then
+    none of the PIDs ``what`` accepts lives and nothing of the lab is left; returns those
+    PIDs for further checks."""
     proc = subprocess.Popen([*CLI, "run", *args], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    started = pids_started(proc.pid, what)
+    started = pids_started(proc.pid, until or what)
     assert started, "what was to be killed never started"
     time.sleep(settle_s)
+    if until is not None:
+        rec = record_of(proc.pid)
+        started = [p for p in (rec.pids if rec else []) if what(str(p["what"]))]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     fabriclab("clean")

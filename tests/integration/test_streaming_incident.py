@@ -154,10 +154,29 @@ def test_nothing_of_the_run_remains(result):
     assert not any(left.values()), left
 
 
-def test_kill_9_then_clean_leaves_no_frr(tmp_path):
+def test_real_media_end_to_end(result):
+    """ffmpeg pushed, nginx-rtmp relayed, real viewers played: every stream's viewer is a
+    real RTMP client, and the servers' configurations and logs are kept with the result."""
+    assert result["metrics"]["media"] == "real"
+    run_dir = Path(result["_dir"])
+    for name in ("incident", "fix-hash"):
+        for f in result["phase_details"][name]["flows"]:
+            assert f["received"], f["id"]
+            assert f["dport"] == 1935 and f["proto"] == "tcp", f
+    logs = sorted(p.parent.name for p in run_dir.glob("streams/servers/*/nginx.conf"))
+    assert logs == ["cdn1", "cdn2", "m1", "m2", "m3", "m4", "origin"], logs
+
+
+def test_kill_9_then_clean_leaves_no_frr_nginx_or_ffmpeg(tmp_path):
+    """Killed once the viewers run (FRR, nginx, the pushers and the viewers all up): the
+    clean-up leaves none of them (``lab_leftovers`` finds any process of the run)."""
     out = tmp_path / "killed"
-    daemons = kill_9_mid_run(["streaming-incident", "--set", "phases=before-upgrade",
-                              "--out", str(out)], lambda what: what.startswith("frr "))
+    started = kill_9_mid_run(["streaming-incident", "--set", "phases=before-upgrade",
+                              "--out", str(out)], lambda what: True,
+                             until=lambda what: what.startswith("viewer "))
+    whats = {p["what"].split()[0] for p in started}
+    assert {"frr", "nginx-rtmp", "ffmpeg", "viewer"} <= whats, whats
+    daemons = [p for p in started if p["what"].startswith("frr ")]
     crash = [d for d in (Path("/var/tmp/frr") / f"{p['what'].split()[1]}.{p['pid']}"
                          for p in daemons) if d.exists()]
     assert not crash, crash

@@ -79,6 +79,9 @@ def test_phases_subset_keeps_order():
     ("topology.isps=9", "topology.isps"),
     ("topology.uplink_bw=5000", "topology.uplink_bw"),
     ("topology.nosuch=1", "topology.nosuch"),
+    ("streams.media=vhs", "streams.media"),
+    ("streams.gop_s=9", "streams.gop_s"),
+    ("streams.gop_s=0", "streams.gop_s"),
 ])
 def test_bad_values_name_their_field(item, field):
     with pytest.raises((ScenarioError, TopologyError)) as exc:
@@ -127,3 +130,45 @@ def test_cpu_is_judged_while_every_stream_sends():
     assert fidelity_span([(10.0, 1.0), (10.0, 2.0)], 9.0, 30.0, 8.0) == (10.0, 12.0)
     assert fidelity_span(senders, 9.0, 15.0, 8.0) == (10.1, 15.0)
     assert fidelity_span([], 9.0, 30.0, 8.0) == (9.0, 30.0)
+
+
+def test_real_media_is_rtmp_over_tcp_and_needs_its_packages(monkeypatch):
+    """Real media is asked for by name or chosen where its packages are; asked for without
+    them, the error names the Debian packages to install."""
+    from lab.kinds.streaming import media
+    with pytest.raises(ScenarioError) as exc:
+        plan_for(["streams.media=real", "streams.proto=udp"])
+    assert exc.value.field == "streams.proto"
+    _, params, _ = plan_for(["streams.proto=udp"])
+    assert media.resolve(params) == "synthetic"
+    monkeypatch.setattr(media, "PACKAGES", {"nosuch-ffmpeg": media.CACHE_DIR / "nope"})
+    _, params, _ = plan_for(["streams.media=real"])
+    with pytest.raises(ScenarioError, match="nosuch-ffmpeg") as exc:
+        media.resolve(params)
+    assert exc.value.field == "streams.media"
+    _, params, _ = plan_for([])
+    assert media.resolve(params) == "synthetic"
+
+
+def test_nginx_listens_only_on_its_fabric_address(tmp_path):
+    """Every listen directive names the host's own address; everything it writes is in its
+    run directory."""
+    from lab.kinds.streaming import media
+    srv = media.Server("cdn1", "203.0.113.10", "cdn", tmp_path, {"a": "10.0.0.1"})
+    conf = srv.conf()
+    listens = [ln.split()[1].rstrip(";") for ln in conf.splitlines()
+               if ln.strip().startswith("listen")]
+    assert listens == ["203.0.113.10:1935", "203.0.113.10:8080"]
+    paths = [tok.rstrip(";") for tok in conf.split() if tok.startswith("/") and tok != "/hls/"]
+    assert all(p.startswith(str(tmp_path)) or p == str(media.RTMP_MODULE) for p in paths), paths
+    assert "master_process off" in conf and "push rtmp://10.0.0.1:1935/live name=a" in conf
+
+
+def test_streams_above_their_access_link_are_a_warning_naming_the_key():
+    from lab.kinds.streaming.plan import access_warnings
+    desc, _, streams = plan_for([])
+    assert access_warnings(desc, streams) == []
+    desc, _, streams = plan_for(["topology.host_bw=20"])
+    warned = access_warnings(desc, streams)
+    assert warned and all("topology.host_bw" in w and "out of h5" in w for w in warned), warned
+    assert any("[incident]" in w and "27 Mbit/s" in w for w in warned), warned

@@ -81,8 +81,11 @@ def flow_entry(s: Stream, ovs: dict, att: dict[str, str], adj: dict[str, dict[st
         "max_gap_start_unix": player.get("max_gap_start_unix"),
         "end_reason": player.get("end_reason"), "received": bool(player),
         # The player's timeline, so a report can draw when each stall happened.
-        "playout": {k: player.get(k) for k in ("first_arrival_unix", "startup_delay_s",
-                                                "play_end_s", "stall_events")},
+        # A real viewer's times count from when it joined (``join_unix``), before its first
+        # frame; a synthetic player's from its first frame.
+        "playout": {k: player.get(k) for k in ("first_arrival_unix", "join_unix",
+                                                "startup_delay_s", "play_end_s",
+                                                "stall_events")},
     }
     return entry
 
@@ -190,7 +193,7 @@ def phase_metrics(ph: dict[str, Any]) -> dict[str, Any]:
         "retransmits": sum(f["retransmits"] for f in flows),
         "config": ph["config"],
     }
-    if ph["events"]:
+    if ph["events"].get("cut"):
         ev = ph["events"]
         crossing = [f for f in flows if any(ev["cut"] in (h["link"], h["from"], h["to"])
                                            for h in f["router_hops"])]

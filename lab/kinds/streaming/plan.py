@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from lab.kinds.streaming.media import MEDIA_CHOICES
 from lab.model.errors import ScenarioError
 from lab.model.flows import FIXED_SPORTS, FlowSpec
 from lab.model.scenario import Param, require
@@ -15,6 +16,9 @@ from lab.net.edgecontrol import FiveTuple
 PHASES = ("before-upgrade", "incident", "fix-hash", "fix-placement", "failover-link",
           "failover-border")
 PLAYER_PORT_BASE = 9000
+#: Keys a scenario may leave out: the media (see ``media.resolve``) and real media's GOP.
+OPTIONAL = ("phases", "streams.media", "streams.gop_s")
+DEFAULT_GOP_S = 1.0
 
 SCHEMA: dict[str, Param] = {
     "streams.proto": Param(str, choices=("tcp", "udp")),
@@ -23,6 +27,10 @@ SCHEMA: dict[str, Param] = {
     "streams.normal_mbps": Param(float, 0.1, 50),
     "streams.big_mbps": Param(float, 0.1, 100),
     "streams.cc": Param(str, choices=("cubic", "reno", "bbr")),
+    # real: ffmpeg pushers, nginx-rtmp servers and RTMP viewers; synthetic: the lab's own
+    # sender and player. Default: real where ffmpeg and nginx-rtmp are installed.
+    "streams.media": Param(str, choices=MEDIA_CHOICES),
+    "streams.gop_s": Param(float, 0.1, 10),
     "before.uplink_bw": Param(float, 1, 1000),
     "before.servers": Param(int, 1, 32),
     "before.big_streams": Param(int, 1, 32),
@@ -90,8 +98,17 @@ def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> None:
     tp = topo_desc["params"]
     if topo_desc["type"] != "streaming-edge":
         raise ScenarioError("topology.type", "the streaming kind needs a streaming-edge topology")
-    # Every value but ``phases`` (default: all) is used and has no default.
-    require(params, [k for k in SCHEMA if k != "phases"], "streaming")
+    # Every value but the optional ones is used and has no default.
+    require(params, [k for k in SCHEMA if k not in OPTIONAL], "streaming")
+    sp = params["streams"]
+    sp.setdefault("gop_s", DEFAULT_GOP_S)
+    if sp.get("media") == "real" and sp["proto"] != "tcp":
+        raise ScenarioError("streams.proto", "real media is RTMP, over TCP (or "
+                            "streams.media: synthetic for UDP)")
+    if sp["gop_s"] > params["duration"]:
+        raise ScenarioError("streams.gop_s", f"a GOP of {sp['gop_s']:g} s is longer than "
+                            f"the phase (duration {params['duration']:g} s): no viewer "
+                            "would see a keyframe twice")
     for key in ("before.servers", "after.servers"):
         sec, leaf = key.split(".")
         if params[sec][leaf] > tp["servers"]:
@@ -139,4 +156,28 @@ def streams(topo_desc: dict[str, Any], params: dict[str, Any],
                               dst=dst, src_ip=ips[src], dst_ip=ips[dst], sport=sports[k],
                               dport=PLAYER_PORT_BASE + p_index, rate_mbps=float(rate),
                               proto=s["proto"], stream_id=k + 1, index=len(out)))
+    return out
+
+
+def access_warnings(topo_desc: dict[str, Any], streams: list[Stream]) -> list[str]:
+    """Where a phase's streams out of one host, or into one, add up to more than its access
+    link: a warning before the start (the run still shows what happens), naming the host,
+    the phase and the key that sets the link's rate."""
+    bw: dict[str, tuple[float, str]] = {}
+    for ln in topo_desc["links"]:
+        for end in ("a", "b"):
+            if any(h["name"] == ln[end] for h in topo_desc["hosts"]):
+                bw[ln[end]] = (float(ln["bw_mbps"]), "topology.host_bw")
+    for ln in topo_desc["router_links"]:
+        if any(h["name"] == ln["b"] for h in topo_desc["external_hosts"]):
+            bw[ln["b"]] = (float(ln["bw_mbps"]), "topology.access_bw")
+    load: dict[tuple[str, str, str], float] = {}
+    for st in streams:
+        for host, way in ((st.src, "out of"), (st.dst, "into")):
+            load[(st.phase, host, way)] = load.get((st.phase, host, way), 0.0) + st.rate_mbps
+    out = []
+    for (phase, host, way), mbps in load.items():
+        if host in bw and mbps > bw[host][0]:
+            out.append(f"warning: [{phase}] streams {way} {host} add up to {mbps:g} Mbit/s, "
+                       f"above its access link ({bw[host][0]:g} Mbit/s, {bw[host][1]})")
     return out

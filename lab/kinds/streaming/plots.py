@@ -124,7 +124,7 @@ def _stall_bars(rows: list[tuple[dict[str, Any], dict[str, Any]]],
     """Each stream's playout on the clock that starts at ``t0``."""
     bars = []
     for f, p in rows:
-        join = float(p["first_arrival_unix"]) - t0
+        join = float(num(p.get("join_unix")) or p["first_arrival_unix"]) - t0
         startup = num(p.get("startup_delay_s"))
         end = num(p.get("play_end_s"))
         stalls = [(join + float(e["start_s"]), float(e["duration_s"]))
@@ -151,9 +151,22 @@ def _stall_timeline_spec(name: str, sec: Section,
     marks = _stall_marks(sec, t0)
     vmax = max([j + (e or s or 0) for _, j, s, e, _ in bars] + [m[0] for m in marks] + [0.0])
 
+    uplinks = _uplink_series(sec, t0)
+
     def draw(fig: Any, limit: float) -> str:
         from matplotlib.patches import Patch
-        ax = fig.add_subplot()
+        if uplinks:
+            top, ax = fig.subplots(2, 1, sharex=True,
+                                   gridspec_kw={"height_ratios": [1, max(1.5, 0.25 * len(bars))]})
+            for label, t, util, drops in uplinks:
+                top.plot(t, util, lw=1.2, label=label + (f" ({drops} drops)" if drops else ""))
+            top.axhline(1.0, color="black", lw=0.8, ls=":")
+            top.set_ylabel("uplink util.")
+            top.set_ylim(0, 1.15)
+            top.legend(fontsize=6, loc="upper right", ncols=2)
+            top.grid(alpha=0.3)
+        else:
+            ax = fig.add_subplot()
         for i, (_, join, startup, end, stalls) in enumerate(bars):
             if end is not None:
                 ax.broken_barh([(join, end)], (i - 0.35, 0.7), color="#9ecae1")
@@ -170,19 +183,44 @@ def _stall_timeline_spec(name: str, sec: Section,
         ax.set_yticklabels([b[0] for b in bars], fontsize=8)
         ax.set_ylim(len(bars) - 0.5, -0.5)
         ax.set_xlim(0, max(limit, 1.0) * 1.03)
-        ax.set_title(title)
+        (fig.axes[0]).set_title(title)
         ax.set_xlabel(clock)
         ax.set_ylabel("stream")
         ax.legend(handles=handles, fontsize=7, loc="upper center", ncols=len(handles),
                   bbox_to_anchor=(0.5, -0.13 if len(bars) > 6 else -0.2))
         ax.grid(axis="x", alpha=0.3)
         extra = " The dashed lines are the failover's cut and restore." if marks else ""
+        if uplinks:
+            extra += (" Above, on the same clock, each uplink that carried traffic: its "
+                      "utilisation (1.0 is its rate) and its drops over the phase.")
         return ("One row per stream, from its first frame to the end of playback: red is "
                 "time the viewer's picture was frozen while the player rebuffered. Stalls "
                 "that line up across streams point at one shared link or event." + extra
                 + " " + summary)
 
-    return Spec(name, "stalls", sec.name, max(3.0, 0.3 * len(bars) + 1.6), vmax, draw)
+    height = max(3.0, 0.3 * len(bars) + 1.6) + (1.6 if uplinks else 0.0)
+    return Spec(name, "stalls", sec.name, height, vmax, draw)
+
+
+def _uplink_series(sec: Section, t0: float) -> list[tuple[str, list[float], list[float], int]]:
+    """The border routers' uplinks that carried traffic in the phase: (name, times on the
+    stall timeline's clock, utilisation, drops). Their series start at the phase's window,
+    which opened at ``phase_start_unix``; without it they cannot share the clock."""
+    start = num(sec.events.get("phase_start_unix"))
+    if start is None:
+        return []
+    out = []
+    for ln in sec.links:
+        series = dict_of(ln.get("series"))
+        bw = num(ln.get("bw_mbps"))
+        if ln.get("role") != "uplink" or not str(ln.get("node", "")).startswith("border") \
+                or not bw or not num(ln.get("util_mean")):
+            continue
+        t = [float(x) + start - t0 for x in series.get("t") or []]
+        util = [float(b) / (bw * 1e6) for b in series.get("tx_bps") or []]
+        if t and max(util, default=0.0) > 0.05:
+            out.append((str(ln.get("name")), t, util, int(num(ln.get("drops")) or 0)))
+    return out
 
 
 def _stall_phases_spec(secs: list[Section]) -> Spec | Skipped:

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lab import agents
+from lab.kinds.streaming import media
 from lab.kinds.streaming.plan import Stream
 from lab.machine import programs
 from lab.measure.routerstats import RouterPort
@@ -29,6 +31,9 @@ class EdgePrograms:
     params: dict[str, Any]
     desc: dict[str, Any]
     rports: list[RouterPort]
+
+    clips: dict[float, Path]
+    servers: list[media.Server]
 
     def host(self, name: str) -> Any:
         return self.fabric.host(name)
@@ -122,3 +127,97 @@ class EdgePrograms:
         except (OSError, ValueError):
             out["sender"] = None
         return out
+
+    # -- real media ---------------------------------------------------------------------------
+    def media_servers(self) -> list[media.Server]:
+        """nginx-rtmp on every media server (ingest), the origin and every CDN node; the
+        origin pushes each of its streams, by name, to the CDN node it is for."""
+        ips = {h["name"]: h["ip"] for h in self.desc["hosts"] + self.desc["external_hosts"]}
+        base = self.fabric.run_dir / "streams" / "servers"
+        pushes: dict[str, dict[str, str]] = {}
+        for s in self.streams:
+            if s.role != "ingest":
+                pushes.setdefault(s.src, {})[stream_name(s)] = s.dst_ip
+        roles = [(h["name"], "ingest") for h in self.desc["hosts"] if h.get("role") == "media"]
+        roles += [(h["name"], "origin") for h in self.desc["hosts"] if h.get("role") == "origin"]
+        roles += sorted({(s.dst, "cdn") for s in self.streams if s.role != "ingest"})
+        return [media.Server(host=h, ip=ips[h], role=role, dir=base / h,
+                             pushes=pushes.get(h, {})) for h, role in roles]
+
+    def start_pushers(self, streams: list[Stream], work: Path) -> list[Any]:
+        """A phase's pushers, one after another: each stream's connection across the edge
+        (an anchor's into its media server, the origin's relay to the CDN node) read from
+        the kernel as it appears, its 5-tuple then the stream's."""
+        procs = []
+        for s in streams:
+            # An ingest stream's pusher is its anchor; an origin stream is published into
+            # the origin's own server, which relays it by name towards its CDN node.
+            url_ip = s.dst_ip if s.role == "ingest" else s.src_ip
+            before = media.connections(self.fabric, s.src, s.dst_ip, media.RTMP_PORT)
+            argv = media.push_argv(self.clips[s.rate_mbps],
+                                   f"rtmp://{url_ip}:{media.RTMP_PORT}/live/{stream_name(s)}")
+            t0, epoch = time.monotonic(), time.time()
+            proc = programs.spawn(self.fabric, s.src, argv, work / f"{s.stream_id}.push.log",
+                                  f"ffmpeg pusher {s.id}")
+            procs.append(proc)
+            src_ip, sport = media.new_connection(self.fabric, s.src, s.dst_ip,
+                                                 media.RTMP_PORT, before, proc, f"stream {s.id}")
+            s.src_ip, s.sport, s.dport = src_ip, sport, media.RTMP_PORT
+            s.summary = {"pusher": {"t0_monotonic": t0, "publish_epoch": epoch,
+                                    "pid": proc.pid}}
+        return procs
+
+    def start_viewers(self, streams: list[Stream], work: Path, duration: float) -> list[Any]:
+        """One real RTMP viewer per stream, where the synthetic player would be: at the CDN
+        node for an origin stream, at the media server for an anchor's push."""
+        procs, ready = [], []
+        fps = float(self.params["streams"]["fps"])
+        for s in streams:
+            rf = work / f"{s.stream_id}.view.ready"
+            cmd = [*agents.command("rtmpview"), "--stream-id", str(s.stream_id),
+                   "--url", f"rtmp://{s.dst_ip}:{media.RTMP_PORT}/live/{stream_name(s)}",
+                   "--duration", f"{duration:g}", "--fps", f"{fps:g}",
+                   "--publish-epoch", f"{s.summary['pusher']['publish_epoch']:.6f}",
+                   "--ready-file", str(rf), "--out", str(work / f"{s.stream_id}.view.json")]
+            procs.append(programs.spawn(self.fabric, s.dst, cmd,
+                                        work / f"{s.stream_id}.view.log", f"viewer {s.id}"))
+            ready.append(rf)
+        dead, waiting = programs.wait_ready(ready, procs, stop_at_death=True)
+        if dead or waiting:
+            raise MachineError("streams", f"viewers not ready "
+                               f"({'exited' if dead else 'timed out'}): {dead or waiting}")
+        return procs
+
+    def relay_tcp(self, s: Stream) -> dict[str, Any]:
+        """The stream's sending socket as the kernel saw it (``ss -ti``): retransmits and
+        the congestion control's state, from the pusher's side (the origin's relay for an
+        origin stream)."""
+        out = self.host(s.src).cmd(f"ss -tinH state established 'src {s.src_ip}:{s.sport} "
+                                   f"dst {s.dst_ip}:{s.dport}'")
+        info: dict[str, Any] = {}
+        for tok in out.split():
+            key, _, val = tok.partition(":")
+            if key == "retrans" and "/" in val:
+                info["total_retrans"] = int(val.split("/")[1])
+            elif key in ("cwnd", "rtt", "bytes_sent", "bytes_retrans") and val:
+                info[key] = val
+        return info
+
+    def read_view(self, s: Stream, work: Path, stopped: float) -> dict[str, Any]:
+        """A real stream's summary: its viewer's, and its pusher's times and socket."""
+        try:
+            view = json.loads((work / f"{s.stream_id}.view.json").read_text())
+            player = view["streams"][0]
+        except (OSError, ValueError, KeyError, IndexError):
+            player = None
+        pusher = s.summary.get("pusher", {})
+        sender = {"media": "real", "t0_monotonic": pusher.get("t0_monotonic"),
+                  "elapsed_s": stopped - pusher.get("t0_monotonic", stopped),
+                  "tcp": s.summary.get("tcp", {})}
+        return {"player": player, "sender": sender}
+
+
+def stream_name(s: Stream) -> str:
+    """A stream's RTMP name: unique in the run (the phase is part of it), so the origin's
+    relays can be configured for the whole run at once."""
+    return s.id.replace("/", "-")

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lab.kinds.base import Plan, Progress
-from lab.kinds.streaming import metrics
+from lab.kinds.streaming import media, metrics
 from lab.kinds.streaming.failover import EdgeFailover
-from lab.kinds.streaming.plan import Stream, phase_names
+from lab.kinds.streaming.plan import Stream, access_warnings, phase_names
 from lab.kinds.streaming.programs import EdgePrograms
 from lab.kinds.streaming.setup import EdgeSetup
 from lab.machine.progress import Ticker
@@ -40,26 +40,49 @@ if TYPE_CHECKING:
 PROBE_PHASES = ("incident", "fix-hash")
 
 
+#: Seconds between a real phase's routing set-up and its viewers' start: the origin's relays,
+#: which streamed while their 5-tuples were read, drain what the previous phase's routing
+#: queued before anyone watches.
+SETTLE_S = 1.0
+
+
+def prepare(plan: Plan) -> dict[str, Any]:
+    """Which media the run streams, and for real media each bitrate's cached clip (encoded
+    here on first use, before anything starts)."""
+    kind = media.resolve(plan.params)
+    clips: dict[float, Any] = {}
+    if kind == "real":
+        sp = plan.params["streams"]
+        for rate in sorted({s.rate_mbps for s in plan.flows}):
+            clips[rate] = media.clip(rate, float(sp["fps"]), float(sp["gop_s"]))
+    return {"media": kind, "clips": clips}
+
+
 def on_fabric(plan: Plan, fabric: Fabric, progress: Progress,
-              _prepared: Any = None) -> dict[str, Any]:
+              prepared: dict[str, Any] | None = None) -> dict[str, Any]:
     """Bring the edge up (fabric, FRR routers, BGP), then the phases one after another;
     returns the kind's part of result.json."""
+    prepared = prepared or prepare(plan)
+    for line in access_warnings(plan.topo_desc, plan.flows):
+        progress(line)
     fabric.gateways = frozenset({CORE})
     progress(f"bringing up streaming-edge: {len(plan.topo_desc['switches'])} switches, "
              f"{len(plan.topo_desc['routers'])} FRR routers, controller "
              f"{plan.runtime}")
     fabric.start()
-    edge = EdgeRun(plan, fabric, progress)
+    edge = EdgeRun(plan, fabric, progress, prepared)
     timings = edge.start_routing()
     fabric.timings.update(timings)
     progress(f"BGP up: sessions in {timings['bgp_established_s']:.2f} s, multipath "
              f"routes in {timings['routing_ready_s']:.2f} s")
     bgp = edge.bgp_state()
     wan = edge.wan_delay()
-    watch = [e for s in edge.streams for e in s.spec().watch_entries(s.index)]
-    reply = fabric.controller.request({"cmd": "watch", "flows": watch})
-    if not reply.get("ok"):
-        raise MachineError("controller", str(reply.get("error")))
+    if edge.media == "synthetic":
+        edge.watch(edge.streams)       # real streams are watched once connected
+    else:
+        edge.start_media()
+        progress(f"real media: nginx-rtmp on {len(edge.servers)} hosts "
+                 f"({', '.join(s.host for s in edge.servers)}), ffmpeg pushers, RTMP viewers")
     edge.start_sampling()
     phases: dict[str, Any] = {}
     measured: dict[str, float] = {}
@@ -73,8 +96,11 @@ def on_fabric(plan: Plan, fabric: Fabric, progress: Progress,
     finally:
         edge.sampler.stop()
         edge.rsampler.stop()
+        edge.stop_media()
     bgp_after = edge.bgp_state()
-    return metrics.assemble(plan, phases, bgp, bgp_after, wan)
+    part = metrics.assemble(plan, phases, bgp, bgp_after, wan)
+    part["metrics"]["media"] = edge.media
+    return part
 
 
 def keep_logs(work: Path, out_dir: Path) -> None:
@@ -93,8 +119,12 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
     programs and probe their paths (``EdgePrograms``), cut and restore (``EdgeFailover``);
     here the bring-up and the phase itself, inside one measurement window."""
 
-    def __init__(self, plan: Plan, fabric: Fabric, progress: Progress) -> None:
+    def __init__(self, plan: Plan, fabric: Fabric, progress: Progress,
+                 prepared: dict[str, Any]) -> None:
         self.plan = plan
+        self.media: str = prepared["media"]
+        self.clips = prepared["clips"]
+        self.servers: list[media.Server] = []
         self.fabric = fabric
         self.progress = progress
         self.params = plan.params
@@ -156,6 +186,19 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
                 want[(name, "10.0.0.0/8")] = tp["core_links"]
         return want
 
+    def start_media(self) -> None:
+        """The real media servers, for the whole run; the sending hosts' TCP congestion
+        control is the scenario's (nginx's relays and ffmpeg use the namespace's default)."""
+        for h in {s.src for s in self.streams}:
+            self.fabric.host(h).cmd("sysctl -qw net.ipv4.tcp_congestion_control="
+                                    f"{self.params['streams']['cc']}")
+        self.servers = self.media_servers()
+        media.start_servers(self.fabric, self.servers)
+
+    def stop_media(self) -> None:
+        media.stop([s.proc for s in self.servers])
+        media.remove_hls(self.servers)
+
     def start_sampling(self) -> None:
         """Fabric ports and router ports, sampled on one clock for the whole run."""
         self.sampler = telemetry.Sampler(self.fports, hz=telemetry.SAMPLE_HZ,
@@ -202,22 +245,36 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
     def run_phase(self, phase: str, index: int, measured: dict[str, float]) -> dict[str, Any]:
         duration = float(self.params["duration"])
         marks = [("start", time.monotonic())]
-        config = self.configure(phase, measured)
-        marks.append(("configure", time.monotonic()))
         streams = [s for s in self.streams if s.phase == phase]
         work = self.fabric.run_dir / "streams" / phase
         work.mkdir(parents=True, exist_ok=True)
-        players = self.start_players(streams, work, duration)
+        real = self.media == "real"
+        pushers: list[Any] = []
+        if real:
+            # Real pushers connect from ports the kernel picks: their 5-tuples are known
+            # once connected, before the counters, seeds and pins that need them.
+            pushers = self.start_pushers(streams, work)
+            self.watch(streams)
+            marks.append(("pushers", time.monotonic()))
+        config = self.configure(phase, measured)
+        marks.append(("configure", time.monotonic()))
+        if real:
+            time.sleep(SETTLE_S)
+            players = self.start_viewers(streams, work, duration)
+        else:
+            players = self.start_players(streams, work, duration)
         marks.append(("players", time.monotonic()))
         window = Window(self.sampler, self.fports, self.bridges, name=phase)
         before_r = routerstats.snapshot(self.pids, self.rports)
         nft0 = {n: routerstats.read_flow_counters(p, self.intfs[n]) for n, p in self.pids.items()}
         window.open()
         t_unix = time.time()
-        senders = self.start_senders(streams, work, duration)
+        senders = [] if real else self.start_senders(streams, work, duration)
         self.progress(f"[{phase}] {len(streams)} streams for {duration:g} s "
                       f"(uplinks {config['uplink_bw_mbps']:g} Mbit/s)")
-        events: dict[str, Any] = {}
+        # The phase's wall clock start: a report puts the players' timelines and the
+        # links' series on one axis with it.
+        events: dict[str, Any] = {"phase_start_unix": t_unix}
         if phase.startswith("failover"):
             events = self.failover(phase, config, t_unix)
         with Ticker(duration, f"[{phase}] streaming"):
@@ -227,13 +284,24 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
                 except Exception:
                     proc.kill()
                     proc.wait()
+        if real:
+            # The pushers stream until stopped: stopped once the viewers have watched, so
+            # that the window closes on drained queues, as after a synthetic sender's end.
+            for s in streams:
+                s.summary["tcp"] = self.relay_tcp(s)
+            stopped = time.monotonic()
+            media.stop(pushers)
         marks.append(("traffic", time.monotonic()))
         window.close()
         after_r = routerstats.snapshot(self.pids, self.rports)
         nft1 = {n: routerstats.read_flow_counters(p, self.intfs[n]) for n, p in self.pids.items()}
         t_start, t_end, measured_s = window.t_start, window.t_end, window.measured_s
-        for s in streams:
-            s.summary = self.read_stream(s, work)
+        if real:
+            for s in streams:
+                s.summary = self.read_view(s, work, stopped)
+        else:
+            for s in streams:
+                s.summary = self.read_stream(s, work)
         ovs = window.flow_deltas()
         nft = {n: routerstats.delta(nft1[n], nft0[n]) for n in nft1}
         links = window.links()
@@ -256,6 +324,14 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
                 "flows": flows, "events": events, "cpu_idle_pct": judged["cpu_idle_pct"],
                 "cpu_idle_min_pct": judged["cpu_idle_min_pct"],
                 "lab_cpu_pct": judged["lab_cpu_pct"], "fidelity_window_s": judged["window_s"]}
+
+    def watch(self, streams: list[Stream]) -> None:
+        """Per-flow counters in the fabric for ``streams`` (their cookies replace what the
+        same streams were watched as before)."""
+        watch = [e for s in streams for e in s.spec().watch_entries(s.index)]
+        reply = self.fabric.controller.request({"cmd": "watch", "flows": watch})
+        if not reply.get("ok"):
+            raise MachineError("controller", str(reply.get("error")))
 
     # -- result entries -----------------------------------------------------------------------
     def flow_entry(self, s: Stream, ovs: dict, nft: dict) -> dict[str, Any]:
