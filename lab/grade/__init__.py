@@ -184,7 +184,7 @@ class Grader:
 
     def _run(self, ex: Exercise, policy: str, out_dir: Path) -> dict[str, Any]:
         (plan,) = run.make_plans(ex.scenario, policy=policy, duration=ex.duration,
-                                 seed=ex.seed)
+                                 seed=ex.seed, sets=list(ex.sets))
         # No report here (seconds of plotting per file); `fabriclab report DIR` makes it.
         # What a run prints is progress: stdout is the checks' lines and the table.
         with contextlib.redirect_stdout(sys.stderr):

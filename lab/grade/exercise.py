@@ -58,6 +58,7 @@ class Exercise:
     given: Callable[[Path, Path], Path] | None = None   # analysis: the answer's input
     probes: Sequence[tuple[str, Sequence[int]]] = ()    # policy: where choose() is tried
     forbidden: Sequence[str] = field(default=("lab",))   # imports that give the answer away
+    sets: Sequence[str] = ()           # the reference run's --set items (e.g. its phases)
 
     @property
     def skeleton(self) -> Path:

@@ -4,8 +4,9 @@ imports the lab's own answer. The checks are
 the exercises' own (lab/grade/exercises), the ones a student's `fabriclab grade` runs; this
 module asserts what they say, on real packets, and what the kept runs show besides.
 
-One batch of 11 files, shared by every test here: six runs (two per policy exercise, one
-reference run per counter analysis), about 80 s on this 2-core machine.
+One batch of 13 files, shared by every test here: seven runs (two per policy exercise, one
+reference run per counter analysis, the streaming one on real media), about 110 s on this
+2-core machine.
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ def test_the_numbers_are_the_incidents(batch: dict) -> None:
     assert "agg->core links used 4 of 4" in b["solution_anti_polarisation.py"]
     assert "yours None" in b["skeleton_congested_uplink.py"]
     assert "0 of 8 flows" in b["skeleton_outage.py"]
+    assert "yours []" in b["skeleton_hot_streams.py"]
+    assert "incident/big" in b["solution_hot_streams.py"]
     # The kept runs say more than the checks: the skeleton's uplink dropped, and the
     # solution's links carried exactly its flows' bytes.
     skel = json.loads((batch["runs"] / "skeleton_end_the_incident" / "result.json").read_text())

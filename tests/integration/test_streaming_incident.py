@@ -62,7 +62,12 @@ def test_incident_one_uplink_saturates_while_others_idle(result):
     hot = inc["hottest_uplink"]
     isp1 = {n: u for n, u in inc["uplinks"].items() if n.split("->")[1].startswith("isp1")}
     share = sum(isp1.values()) / len(isp1)
-    assert inc["uplinks"][hot] > 0.8 and inc["uplinks"][hot] > 2 * share
+    # Saturated: at its rate for most of the phase (real media's window also holds the
+    # pushers' start, one after another, and the viewers' join, so the mean is lower).
+    ln = next(x for x in result["phase_details"]["incident"]["links"] if x.get("name") == hot)
+    busy = sorted(ln["series"]["tx_bps"])[len(ln["series"]["tx_bps"]) // 2] / (ln["bw_mbps"] * 1e6)
+    print("hot uplink: mean", inc["uplinks"][hot], "median", busy)
+    assert busy > 0.9 and inc["uplinks"][hot] > 0.6 and inc["uplinks"][hot] > 2 * share
     assert inc["uplink_drops"][hot] > 0
     assert min(isp1.values()) < 0.1, "another uplink to the same ISP had spare capacity"
     # Every interface and BGP session was up all along.

@@ -16,7 +16,7 @@ from lab.grade.exercise import NotAnAnswerError, Outcome
 def test_every_shipped_skeleton_and_solution_names_its_exercise() -> None:
     known = exercises.registry()
     assert set(known) == {"end-the-incident", "anti-polarisation", "congested-uplink",
-                          "outage"}
+                          "outage", "hot-streams"}
     for ex in known.values():
         for path in (ex.skeleton, ex.solution):
             found, _ = exercises.find(path)

@@ -48,6 +48,14 @@ def test_border_announces_only_the_dc_prefix():
     assert conf.count("bfd profile fabriclab") == 6
 
 
+def test_a_source_port_serves_one_stream_per_run():
+    """Real media reconnects to the same servers every phase: a port used twice would meet
+    its own TIME_WAIT."""
+    _, _, streams = plan_for([])
+    ports = [s.sport for s in streams]
+    assert len(ports) == len(set(ports))
+
+
 def test_plan_has_every_phase_and_distinct_5tuples():
     _, _, streams = plan_for()
     assert [p for p in PHASES if any(s.phase == p for s in streams)] == \
@@ -142,12 +150,12 @@ def test_real_media_is_rtmp_over_tcp_and_needs_its_packages(monkeypatch):
     _, params, _ = plan_for(["streams.proto=udp"])
     assert media.resolve(params) == "synthetic"
     monkeypatch.setattr(media, "PACKAGES", {"nosuch-ffmpeg": media.CACHE_DIR / "nope"})
-    _, params, _ = plan_for(["streams.media=real"])
     with pytest.raises(ScenarioError, match="nosuch-ffmpeg") as exc:
-        media.resolve(params)
+        plan_for(["streams.media=real"])
     assert exc.value.field == "streams.media"
-    _, params, _ = plan_for([])
+    _, params, streams = plan_for([])
     assert media.resolve(params) == "synthetic"
+    assert {s.dport for s in streams} != {media.RTMP_PORT}
 
 
 def test_nginx_listens_only_on_its_fabric_address(tmp_path):

@@ -11,10 +11,10 @@ Every server listens only on its host's fabric address; its configuration, PID f
 HLS segments live in the run's directory, and its PID is in the run record (one process:
 ``master_process off``, so a ``kill -9`` leaves no worker behind).
 
-The pushers pick no source port: RTMP clients and nginx's relays connect from ephemeral ports.
-The lab therefore starts a phase's pushers one after another and reads each new connection
-from the kernel (``ss`` in the pusher's namespace), which gives every stream its real 5-tuple
-before the counters, the hash seeds and the pins that need it are set.
+Neither ffmpeg nor nginx's relays can be told a source port. The lab starts a phase's pushers
+one after another with the sending namespace's ephemeral range narrowed to the stream's
+planned port, so every stream's connection has the 5-tuple its counters, hash seeds and pins
+were set for (``lab.kinds.streaming.programs``).
 """
 
 from __future__ import annotations
@@ -229,21 +229,16 @@ def connections(fabric: Any, host: str, dst_ip: str, dport: int) -> set[tuple[st
     return conns
 
 
-def new_connection(fabric: Any, host: str, dst_ip: str, dport: int,
-                   before: set[tuple[str, int]], proc: Any, what: str) -> tuple[str, int]:
-    """Wait for the one connection from ``host`` to ``dst_ip:dport`` that ``before`` lacks."""
+def wait_connection(fabric: Any, host: str, src: tuple[str, int], dst: tuple[str, int],
+                    proc: Any, what: str) -> None:
+    """Wait until ``host`` holds the established connection ``src`` -> ``dst``."""
     deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        fresh = connections(fabric, host, dst_ip, dport) - before
-        if len(fresh) == 1:
-            return fresh.pop()
-        if len(fresh) > 1:
-            raise MachineError("streams.media", f"{what}: {len(fresh)} new connections to "
-                               f"{dst_ip}:{dport} at once, cannot tell which is the stream's")
+    while src not in connections(fabric, host, *dst):
         exited = proc is not None and proc.poll() is not None
         if exited or time.monotonic() > deadline:
-            raise MachineError("streams.media", f"{what}: no connection to {dst_ip}:{dport}"
-                               f" ({'the pusher exited' if exited else 'timed out'})")
+            why = "the pusher exited" if exited else "timed out"
+            raise MachineError("streams.media", f"{what}: no connection {src[0]}:{src[1]} -> "
+                               f"{dst[0]}:{dst[1]} ({why})")
         time.sleep(0.05)
 
 

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab.kinds.streaming.media import MEDIA_CHOICES
+from lab.kinds.streaming.media import MEDIA_CHOICES, RTMP_PORT, resolve
 from lab.model.errors import ScenarioError
 from lab.model.flows import FIXED_SPORTS, FlowSpec
 from lab.model.scenario import Param, require
@@ -139,6 +139,8 @@ def streams(topo_desc: dict[str, Any], params: dict[str, Any],
     isps = topo_desc["params"]["isps"]
     cdns = [f"cdn{i}" for i in range(1, isps + 1)]
     out: list[Stream] = []
+    used: set[int] = set()
+    real = resolve(params) == "real"
     for p_index, phase in enumerate(phase_names(params)):
         early = phase == "before-upgrade"
         servers = before["servers"] if early else after["servers"]
@@ -151,10 +153,18 @@ def streams(topo_desc: dict[str, Any], params: dict[str, Any],
         mix += [("normal", origin, cdns[(k + 1) % len(cdns)], s["normal_mbps"])
                 for k in range(normal_n)]
         sports = rng.sample(FIXED_SPORTS, len(mix))
+        for k, port in enumerate(sports):
+            # A source port once per run: a closed connection's TIME_WAIT holds its 4-tuple
+            # for a minute, and real media reconnects to the same server every phase.
+            while port in used or port in sports[k + 1:]:
+                port = rng.choice(FIXED_SPORTS)
+            sports[k] = port
+            used.add(port)
         for k, (role, src, dst, rate) in enumerate(mix):
             out.append(Stream(id=f"{phase}/{role}{k + 1}", phase=phase, role=role, src=src,
                               dst=dst, src_ip=ips[src], dst_ip=ips[dst], sport=sports[k],
-                              dport=PLAYER_PORT_BASE + p_index, rate_mbps=float(rate),
+                              dport=RTMP_PORT if real else PLAYER_PORT_BASE + p_index,
+                              rate_mbps=float(rate),
                               proto=s["proto"], stream_id=k + 1, index=len(out)))
     return out
 

@@ -40,12 +40,6 @@ if TYPE_CHECKING:
 PROBE_PHASES = ("incident", "fix-hash")
 
 
-#: Seconds between a real phase's routing set-up and its viewers' start: the origin's relays,
-#: which streamed while their 5-tuples were read, drain what the previous phase's routing
-#: queued before anyone watches.
-SETTLE_S = 1.0
-
-
 def prepare(plan: Plan) -> dict[str, Any]:
     """Which media the run streams, and for real media each bitrate's cached clip (encoded
     here on first use, before anything starts)."""
@@ -77,9 +71,8 @@ def on_fabric(plan: Plan, fabric: Fabric, progress: Progress,
              f"routes in {timings['routing_ready_s']:.2f} s")
     bgp = edge.bgp_state()
     wan = edge.wan_delay()
-    if edge.media == "synthetic":
-        edge.watch(edge.streams)       # real streams are watched once connected
-    else:
+    edge.watch(edge.streams)
+    if edge.media == "real":
         edge.start_media()
         progress(f"real media: nginx-rtmp on {len(edge.servers)} hosts "
                  f"({', '.join(s.host for s in edge.servers)}), ffmpeg pushers, RTMP viewers")
@@ -249,27 +242,23 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
         work = self.fabric.run_dir / "streams" / phase
         work.mkdir(parents=True, exist_ok=True)
         real = self.media == "real"
-        pushers: list[Any] = []
-        if real:
-            # Real pushers connect from ports the kernel picks: their 5-tuples are known
-            # once connected, before the counters, seeds and pins that need them.
-            pushers = self.start_pushers(streams, work)
-            self.watch(streams)
-            marks.append(("pushers", time.monotonic()))
         config = self.configure(phase, measured)
         marks.append(("configure", time.monotonic()))
-        if real:
-            time.sleep(SETTLE_S)
-            players = self.start_viewers(streams, work, duration)
-        else:
-            players = self.start_players(streams, work, duration)
+        players = [] if real else self.start_players(streams, work, duration)
         marks.append(("players", time.monotonic()))
         window = Window(self.sampler, self.fports, self.bridges, name=phase)
         before_r = routerstats.snapshot(self.pids, self.rports)
         nft0 = {n: routerstats.read_flow_counters(p, self.intfs[n]) for n, p in self.pids.items()}
         window.open()
         t_unix = time.time()
-        senders = [] if real else self.start_senders(streams, work, duration)
+        if real:
+            # Real media flows from its pushers' start: they start inside the window, and
+            # the viewers join once every stream is published.
+            pushers = self.start_pushers(streams, work)
+            players = self.start_viewers(streams, work, duration)
+            senders: list[Any] = []
+        else:
+            senders = self.start_senders(streams, work, duration)
         self.progress(f"[{phase}] {len(streams)} streams for {duration:g} s "
                       f"(uplinks {config['uplink_bw_mbps']:g} Mbit/s)")
         # The phase's wall clock start: a report puts the players' timelines and the
