@@ -10,7 +10,8 @@ from __future__ import annotations
 import sys
 
 #: The agents, by module name.
-AGENTS = ("worker", "streamer", "rtmpview", "storage", "microburst", "probe")
+AGENTS = ("worker", "streamer", "rtmpview", "hlsview", "hlsjsview", "storage", "microburst",
+          "probe")
 
 
 def command(name: str, *args: str) -> list[str]:

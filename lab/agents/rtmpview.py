@@ -84,6 +84,7 @@ from lab.agents.common import (
     percentile,
     write_json,
 )
+from lab.agents.workerbase import cpu_s
 
 #: ExoPlayer media3 DefaultLoadControl: DEFAULT_BUFFER_FOR_PLAYBACK_MS (media buffered before
 #: playback starts) and DEFAULT_BUFFER_FOR_PLAYBACK_AFTER_REBUFFER_MS (before it resumes).
@@ -588,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     viewer = Viewer(args)
     viewer.run()
-    write_json(viewer.summary(), args.out)
+    write_json({**viewer.summary(), "cpu_s": cpu_s()}, args.out)
     return 0
 
 

@@ -37,6 +37,7 @@ from lab.agents.common import (
     tcp_info,
     write_json,
 )
+from lab.agents.workerbase import cpu_s
 
 #: UDP socket buffers: big enough that the *link's* queue, not a socket, drops the datagrams.
 UDP_SOCKET_BUFFER = 4 << 20
@@ -270,7 +271,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         if sender.t0_ns:
             sender.elapsed_s = (time.monotonic_ns() - sender.t0_ns) / 1e9
     ignore_signals()  # a second SIGTERM must not cut the summary short
-    write_json(sender.summary(), args.out)
+    write_json({**sender.summary(), "cpu_s": cpu_s()}, args.out)
     return 0
 
 
@@ -445,7 +446,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     player = Player(args)
     player.run()
     ignore_signals()  # a second SIGTERM must not cut the summary short
-    write_json(player.summary(), args.out)
+    write_json({**player.summary(), "cpu_s": cpu_s()}, args.out)
     return 0
 
 

@@ -187,6 +187,12 @@ def process_cpu_ticks(pid: int, children: bool = False) -> int | None:
     return ticks
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """:func:`process_cpu_ticks` in seconds (None if the process is gone)."""
+    ticks = process_cpu_ticks(pid)
+    return None if ticks is None else ticks / os.sysconf("SC_CLK_TCK")
+
+
 class HasProcess(Protocol):
     """A lab helper running as its own process (the controller)."""
 

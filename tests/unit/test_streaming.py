@@ -167,8 +167,10 @@ def test_nginx_listens_only_on_its_fabric_address(tmp_path):
     listens = [ln.split()[1].rstrip(";") for ln in conf.splitlines()
                if ln.strip().startswith("listen")]
     assert listens == ["203.0.113.10:1935", "203.0.113.10:8080"]
-    paths = [tok.rstrip(";") for tok in conf.split() if tok.startswith("/") and tok != "/hls/"]
-    assert all(p.startswith(str(tmp_path)) or p == str(media.RTMP_MODULE) for p in paths), paths
+    paths = [tok.rstrip(";") for tok in conf.split()
+             if tok.startswith("/") and not tok.startswith(("/hls/", "/player/"))]
+    read_only = (str(media.RTMP_MODULE), str(media.HLSJS), f"{media.PLAYER_DIR}/")
+    assert all(p.startswith(str(tmp_path)) or p in read_only for p in paths), paths
     assert "master_process off" in conf and "push rtmp://10.0.0.1:1935/live name=a" in conf
 
 

@@ -34,6 +34,15 @@ from lab.model.errors import MachineError, ScenarioError
 RTMP_PORT = 1935
 HLS_PORT = 8080
 RTMP_MODULE = Path("/usr/lib/nginx/modules/ngx_rtmp_module.so")
+#: hls.js (``lab/setup.sh`` installs it from npm) and its page, which a CDN node serves at
+#: ``/player/``, same origin as its HLS; a browser viewer plays a stream with them.
+HLSJS = Path("/var/cache/fabriclab/hlsjs/node_modules/hls.js/dist/hls.min.js")
+PLAYER_DIR = Path(__file__).resolve().parents[2] / "agents" / "hlsjs"
+CHROMIUM = Path("/usr/lib/chromium/chromium-headless-shell")
+#: How far behind live an HLS viewer plays: hls.js and RFC 8216 start three target
+#: durations (1 s fragments) from the playlist's end, which exists once the first fragment
+#: is cut. HLS viewers watch this much longer than a phase, to see all of its media.
+HLS_LAG_S = 4.0
 #: What real media needs on this machine: Debian package -> the file it installs.
 PACKAGES = {"ffmpeg": Path("/usr/bin/ffmpeg"), "nginx": Path("/usr/sbin/nginx"),
             "libnginx-mod-rtmp": RTMP_MODULE}
@@ -54,6 +63,11 @@ START_TIMEOUT_S = 10.0
 def missing_packages() -> list[str]:
     """The Debian packages real media needs that this machine lacks."""
     return [pkg for pkg, path in PACKAGES.items() if not path.exists()]
+
+
+def browser_ready() -> bool:
+    """Whether the hls.js viewer can run here: the headless browser and hls.js present."""
+    return CHROMIUM.exists() and HLSJS.exists()
 
 
 def resolve(params: dict[str, Any]) -> str:
@@ -153,6 +167,8 @@ class Server:
                 "text/html html; application/javascript js; }\n"
                 f"  server {{\n    listen {self.ip}:{HLS_PORT};\n"
                 f"    location /hls/ {{ alias {d}/hls/; add_header Cache-Control no-cache; }}\n"
+                f"    location = /player/hls.min.js {{ alias {HLSJS}; }}\n"
+                f"    location /player/ {{ alias {PLAYER_DIR}/; }}\n"
                 "  }\n}\n")
         return (f"load_module {RTMP_MODULE};\n"
                 "master_process off;\nworker_processes 1;\n"
@@ -161,6 +177,10 @@ class Server:
                 "rtmp {\n  server {\n"
                 f"    listen {self.ip}:{RTMP_PORT};\n    chunk_size 4096;\n"
                 "    application live {\n      live on;\n      record off;\n"
+                # A subscriber (a relay, a viewer, the HLS cutter) starts at a keyframe with
+                # its audio: without it the first HLS fragment is audio only, and a browser
+                # player then has no video track to append the rest to.
+                "      wait_video on;\n"
                 f"{push}{hls}    }}\n  }}\n}}\n{http}")
 
     def argv(self) -> list[str]:

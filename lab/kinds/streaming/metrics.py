@@ -80,6 +80,8 @@ def flow_entry(s: Stream, ovs: dict, att: dict[str, str], adj: dict[str, dict[st
         "jitter_ms": player.get("jitter_ms"), "max_gap_s": player.get("max_gap_s"),
         "max_gap_start_unix": player.get("max_gap_start_unix"),
         "end_reason": player.get("end_reason"), "received": bool(player),
+        # Real media: every real player of the stream (RTMP, HLS, hls.js in a browser).
+        "players": s.summary.get("players"),
         # The player's timeline, so a report can draw when each stall happened.
         # A real viewer's times count from when it joined (``join_unix``), before its first
         # frame; a synthetic player's from its first frame.
@@ -203,9 +205,41 @@ def phase_metrics(ph: dict[str, Any]) -> dict[str, Any]:
             "outage_s": {f["id"]: round(f["max_gap_s"] or 0.0, 3) for f in crossing},
             # Silently lost: the player never saw it, or it ended without its sender's
             # clean close (TCP) / end marker (UDP), or frames went missing unaccounted.
+            # A real viewer watches to the end of its time ("duration").
             "streams_lost": sorted(f["id"] for f in flows if not f["received"]
-                                   or f["end_reason"] not in ("eof", "end-marker")),
+                                   or f["end_reason"] not in ("eof", "end-marker",
+                                                              "duration")),
         }
+    if any(f.get("players") for f in flows):
+        out["players"] = players_summary(flows)
+    return out
+
+
+#: How far the lab's HLS viewer's stall count may be from hls.js's on the same stream.
+#: The browser resumes as soon as a segment is appended; the lab's rule (ExoPlayer's) waits
+#: for 2 s of buffer, so one of its stalls can be two short ones in the browser.
+BROWSER_STALL_TOLERANCE = 1
+
+
+def players_summary(flows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Real media: every kind of player's stalls in the phase, side by side, and the check
+    of the lab's players against a real browser's (hls.js) on the stream it also played."""
+    out: dict[str, Any] = {}
+    for what in ("rtmp", "hls", "hlsjs"):
+        got = [p[what] for f in flows if (p := f.get("players") or {}).get(what)]
+        if got:
+            out[what] = {"viewers": len(got), "stalls": sum(p.get("stalls", 0) for p in got),
+                         "stall_s": round(sum(p.get("stall_s", 0.0) for p in got), 3)}
+    checks = []
+    for f in flows:
+        p = f.get("players") or {}
+        if p.get("hls") and p.get("hlsjs"):
+            diff = abs(p["hls"].get("stalls", 0) - p["hlsjs"].get("stalls", 0))
+            checks.append({"stream": f["id"], "hls_stalls": p["hls"].get("stalls", 0),
+                           "hlsjs_stalls": p["hlsjs"].get("stalls", 0),
+                           "rtmp_stalls": (p.get("rtmp") or {}).get("stalls", 0),
+                           "agree": diff <= BROWSER_STALL_TOLERANCE})
+    out["browser_check"] = {"tolerance": BROWSER_STALL_TOLERANCE, "streams": checks}
     return out
 
 

@@ -18,6 +18,7 @@ from lab.kinds.streaming import media
 from lab.kinds.streaming.plan import Stream
 from lab.machine import programs
 from lab.measure.routerstats import RouterPort
+from lab.measure.telemetry import cpu_seconds
 from lab.model.errors import MachineError
 from lab.model.flows import EPHEMERAL_SYSCTL
 
@@ -33,6 +34,7 @@ class EdgePrograms:
     desc: dict[str, Any]
     rports: list[RouterPort]
 
+    media: str
     clips: dict[float, Path]
     servers: list[media.Server]
 
@@ -121,6 +123,8 @@ class EdgePrograms:
             play = json.loads((work / f"{s.dst}.play.json").read_text())
             out["player"] = next((x for x in play["streams"] if x["stream_id"] == s.stream_id),
                                  None)
+            # One player process serves every stream to its host: its CPU, shared out.
+            out["player_cpu_s"] = float(play.get("cpu_s") or 0.0) / max(1, len(play["streams"]))
         except (OSError, ValueError, KeyError):
             out["player"] = None
         try:
@@ -128,6 +132,38 @@ class EdgePrograms:
         except (OSError, ValueError):
             out["sender"] = None
         return out
+
+    def programs_cpu(self, streams: list[Stream], servers_s: dict[str, float]
+                     ) -> dict[str, Any]:
+        """CPU seconds the phase's own programs used, per role: what a stream costs with
+        this media (``servers_s``: each media server's, over the phase)."""
+        send = [float((s.summary.get("sender") or {}).get("cpu_s") or 0.0) for s in streams]
+        play = [float(s.summary.get("player_cpu_s") or 0.0) for s in streams]
+        return {"media": self.media, "streams": len(streams),
+                "senders_s": round(sum(send), 3), "players_s": round(sum(play), 3),
+                "servers_s": {h: round(v, 3) for h, v in servers_s.items()}}
+
+    def start_streams(self, streams: list[Stream], work: Path, duration: float,
+                      players: list[Any]) -> tuple[list[Any], list[Any], list[Any]]:
+        """A phase's streams, started in its window: (senders, players, pushers) to wait
+        for and stop. Synthetic senders start on the lab's go (their players already wait);
+        real media flows from its pushers' start, and the viewers join once every stream
+        is published."""
+        if self.media == "real":
+            pushers = self.start_pushers(streams, work)
+            return [], self.start_viewers(streams, work, duration), pushers
+        return self.start_senders(streams, work, duration), players, []
+
+    def stop_pushers(self, streams: list[Stream], pushers: list[Any]) -> float:
+        """Real pushers stream until stopped: stopped once the viewers have watched, so the
+        window closes on drained queues as after a synthetic sender's end; their sockets'
+        and processes' counters read first. Returns when (monotonic)."""
+        for s, proc in zip(streams, pushers, strict=False):
+            s.summary["tcp"] = self.relay_tcp(s)
+            s.summary["pusher"]["cpu_s"] = cpu_seconds(proc.pid)
+        stopped = time.monotonic()
+        media.stop(pushers)
+        return stopped
 
     # -- real media ---------------------------------------------------------------------------
     def media_servers(self) -> list[media.Server]:
@@ -179,8 +215,10 @@ class EdgePrograms:
 
     def start_viewers(self, streams: list[Stream], work: Path, duration: float) -> list[Any]:
         """One real RTMP viewer per stream, where the synthetic player would be: at the CDN
-        node for an origin stream, at the media server for an anchor's push."""
-        procs, ready = [], []
+        node for an origin stream, at the media server for an anchor's push; and for every
+        origin stream an HLS viewer at its CDN node, and for the first big stream hls.js in
+        a headless browser (where installed), the check on the viewers' stall counts."""
+        procs, ready = self.start_hls_viewers(streams, work, duration)
         fps = float(self.params["streams"]["fps"])
         for s in streams:
             rf = work / f"{s.stream_id}.view.ready"
@@ -197,6 +235,32 @@ class EdgePrograms:
             raise MachineError("streams", f"viewers not ready "
                                f"({'exited' if dead else 'timed out'}): {dead or waiting}")
         return procs
+
+    def start_hls_viewers(self, streams: list[Stream], work: Path,
+                          duration: float) -> tuple[list[Any], list[Path]]:
+        """The HLS viewers (``hlsview`` for every origin stream, ``hlsjsview`` for the first
+        big one): they play :data:`media.HLS_LAG_S` behind live, so they watch that much
+        longer to see the whole phase."""
+        procs, ready = [], []
+        origin = [s for s in streams if s.role != "ingest"]
+        browser = next((s for s in origin if s.role == "big"), None) \
+            if media.browser_ready() else None
+        for s in origin:
+            url = f"http://{s.dst_ip}:{media.HLS_PORT}/hls/{stream_name(s)}.m3u8"
+            common = ["--url", url, "--stream-id", str(s.stream_id),
+                      "--duration", f"{duration + media.HLS_LAG_S:g}",
+                      "--publish-epoch", f"{s.summary['pusher']['publish_epoch']:.6f}"]
+            for agent, what in (("hlsview", "hls"), ("hlsjsview", "hlsjs")):
+                if agent == "hlsjsview" and s is not browser:
+                    continue
+                rf = work / f"{s.stream_id}.{what}.ready"
+                cmd = [*agents.command(agent), *common, "--ready-file", str(rf),
+                       "--out", str(work / f"{s.stream_id}.{what}.json")]
+                procs.append(programs.spawn(self.fabric, s.dst, cmd,
+                                            work / f"{s.stream_id}.{what}.log",
+                                            f"viewer {what} {s.id}"))
+                ready.append(rf)
+        return procs, ready
 
     def relay_tcp(self, s: Stream) -> dict[str, Any]:
         """The stream's sending socket as the kernel saw it (``ss -ti``): retransmits and
@@ -215,9 +279,12 @@ class EdgePrograms:
 
     def read_view(self, s: Stream, work: Path, stopped: float) -> dict[str, Any]:
         """A real stream's summary: its viewer's, and its pusher's times and socket."""
+        viewer_cpu = 0.0
         try:
             view = json.loads((work / f"{s.stream_id}.view.json").read_text())
             player = view["streams"][0]
+            viewer_cpu = float(view.get("cpu_s") or 0.0) + \
+                float((view.get("ffprobe") or {}).get("cpu_s") or 0.0)
         except (OSError, ValueError, KeyError, IndexError):
             player = None
         pusher = s.summary.get("pusher", {})
@@ -232,8 +299,27 @@ class EdgePrograms:
             t0 = p["join_unix"] + p["startup_delay_s"] + to_mono
             elapsed = p["join_unix"] + float(p.get("watch_s") or 0.0) + to_mono - t0
         sender = {"media": "real", "pushed_monotonic": pusher.get("t0_monotonic"),
-                  "t0_monotonic": t0, "elapsed_s": elapsed, "tcp": s.summary.get("tcp", {})}
-        return {"player": player, "sender": sender}
+                  "t0_monotonic": t0, "elapsed_s": elapsed, "tcp": s.summary.get("tcp", {}),
+                  "cpu_s": pusher.get("cpu_s")}
+        players = {"rtmp": player_line(player)}
+        for what in ("hls", "hlsjs"):
+            try:
+                other = json.loads((work / f"{s.stream_id}.{what}.json").read_text())
+                players[what] = player_line(other["streams"][0])
+                viewer_cpu += float(other.get("cpu_s") or 0.0) if what == "hls" else 0.0
+            except (OSError, ValueError, KeyError, IndexError):
+                continue
+        return {"player": player, "sender": sender, "player_cpu_s": viewer_cpu,
+                "players": players}
+
+
+def player_line(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What each real player of a stream reported, side by side in the result."""
+    if summary is None:
+        return None
+    keep = ("protocol", "player", "startup_delay_s", "stalls", "stall_s", "rebuffer_ratio",
+            "live_latency_s", "stall_events", "join_unix", "frames_dropped", "end_reason")
+    return {k: summary[k] for k in keep if k in summary}
 
 
 def stream_name(s: Stream) -> str:

@@ -25,6 +25,7 @@ from lab.kinds.streaming.programs import EdgePrograms
 from lab.kinds.streaming.setup import EdgeSetup
 from lab.machine.progress import Ticker
 from lab.measure import routerstats, telemetry
+from lab.measure.telemetry import cpu_seconds
 from lab.measure.window import Window
 from lab.model.errors import MachineError
 from lab.model.flowpaths import adjacency, attachment
@@ -238,6 +239,7 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
     def run_phase(self, phase: str, index: int, measured: dict[str, float]) -> dict[str, Any]:
         duration = float(self.params["duration"])
         marks = [("start", time.monotonic())]
+        servers0 = {sv.host: cpu_seconds(sv.proc.pid) or 0.0 for sv in self.servers}
         streams = [s for s in self.streams if s.phase == phase]
         work = self.fabric.run_dir / "streams" / phase
         work.mkdir(parents=True, exist_ok=True)
@@ -251,14 +253,7 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
         nft0 = {n: routerstats.read_flow_counters(p, self.intfs[n]) for n, p in self.pids.items()}
         window.open()
         t_unix = time.time()
-        if real:
-            # Real media flows from its pushers' start: they start inside the window, and
-            # the viewers join once every stream is published.
-            pushers = self.start_pushers(streams, work)
-            players = self.start_viewers(streams, work, duration)
-            senders: list[Any] = []
-        else:
-            senders = self.start_senders(streams, work, duration)
+        senders, players, pushers = self.start_streams(streams, work, duration, players)
         self.progress(f"[{phase}] {len(streams)} streams for {duration:g} s "
                       f"(uplinks {config['uplink_bw_mbps']:g} Mbit/s)")
         # The phase's wall clock start: a report puts the players' timelines and the
@@ -273,30 +268,22 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
                 except Exception:
                     proc.kill()
                     proc.wait()
-        if real:
-            # The pushers stream until stopped: stopped once the viewers have watched, so
-            # that the window closes on drained queues, as after a synthetic sender's end.
-            for s in streams:
-                s.summary["tcp"] = self.relay_tcp(s)
-            stopped = time.monotonic()
-            media.stop(pushers)
+        stopped = self.stop_pushers(streams, pushers)
         marks.append(("traffic", time.monotonic()))
         window.close()
         after_r = routerstats.snapshot(self.pids, self.rports)
         nft1 = {n: routerstats.read_flow_counters(p, self.intfs[n]) for n, p in self.pids.items()}
         t_start, t_end, measured_s = window.t_start, window.t_end, window.measured_s
-        if real:
-            for s in streams:
-                s.summary = self.read_view(s, work, stopped)
-        else:
-            for s in streams:
-                s.summary = self.read_stream(s, work)
+        for s in streams:
+            s.summary = self.read_view(s, work, stopped) if real else self.read_stream(s, work)
         ovs = window.flow_deltas()
         nft = {n: routerstats.delta(nft1[n], nft0[n]) for n in nft1}
         links = window.links()
         links += metrics.router_link_entries(self.rports, self.rsampler.series, before_r,
                                              after_r, measured_s, t_start, config)
         flows = [self.flow_entry(s, ovs, nft) for s in streams]
+        cpu = self.programs_cpu(streams, {sv.host: (cpu_seconds(sv.proc.pid) or 0.0)
+                                          - servers0[sv.host] for sv in self.servers})
         marks.append(("collect", time.monotonic()))
         if phase in PROBE_PHASES:
             self.probe(phase, flows)
@@ -310,6 +297,7 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
         return {"timings": {f"{b[0]}_s": round(b[1] - a[1], 3)
                             for a, b in itertools.pairwise(marks)},
                 "config": config, "duration_s": round(measured_s, 3), "links": links,
+                "programs_cpu": cpu,
                 "flows": flows, "events": events, "cpu_idle_pct": judged["cpu_idle_pct"],
                 "cpu_idle_min_pct": judged["cpu_idle_min_pct"],
                 "lab_cpu_pct": judged["lab_cpu_pct"], "fidelity_window_s": judged["window_s"]}
