@@ -25,8 +25,10 @@ pytestmark = [
 ]
 
 #: Per-link agreement between a router port's kernel counter and the flows its nftables
-#: counted leaving through it: a few per cent plus BGP/BFD keepalives and ARP.
-REL_TOL, ABS_TOL = 0.03, 64_000
+#: counted leaving through it: a few per cent, plus per second of the phase what no stream
+#: is: BGP/BFD keepalives, ARP and the ACKs of the streams coming the other way (an ingest
+#: stream's ACKs leave through an uplink: 87 KB over a 13 s real-media phase).
+REL_TOL, ABS_TOL_PER_S = 0.03, 8_000
 ETH_HEADER = 14
 
 
@@ -131,7 +133,8 @@ def test_router_links_agree_with_their_flows(result):
             flows_bytes = carried.get(ln["name"], 0)
             # The kernel counts the Ethernet header, nftables the IP packet.
             ip_bytes = ln["tx_bytes"] - ETH_HEADER * ln["tx_packets"]
-            assert abs(ip_bytes - flows_bytes) <= max(ABS_TOL, REL_TOL * ip_bytes), \
+            allowed = max(ABS_TOL_PER_S * ph["duration_s"], REL_TOL * ip_bytes)
+            assert abs(ip_bytes - flows_bytes) <= allowed, \
                 (name, ln["name"], ip_bytes, flows_bytes)
 
 
@@ -178,7 +181,7 @@ def test_real_media_end_to_end(result):
         checks = players["browser_check"]["streams"]
         assert len(checks) == 1 and all(c["agree"] for c in checks), checks
     logs = sorted(p.parent.name for p in run_dir.glob("streams/servers/*/nginx.conf"))
-    assert logs == ["cdn1", "cdn2", "m1", "m2", "m3", "m4", "origin"], logs
+    assert logs == ["cdn1", "cdn2", "h1", "h2", "h3", "h4", "h5"], logs
 
 
 def test_kill_9_then_clean_leaves_no_frr_nginx_or_ffmpeg(tmp_path):
