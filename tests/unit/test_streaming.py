@@ -182,3 +182,43 @@ def test_streams_above_their_access_link_are_a_warning_naming_the_key():
     warned = access_warnings(desc, streams)
     assert warned and all("topology.host_bw" in w and "out of h5" in w for w in warned), warned
     assert any("[incident]" in w and "27 Mbit/s" in w for w in warned), warned
+
+
+class _ThisMachine:
+    """A host that is this machine's own namespace: enough of a fabric for a server's
+    start to run for real (processes, the run record's PIDs)."""
+
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+        self.record = self
+
+    def host(self, _name: str) -> "_ThisMachine":
+        return self
+
+    def add_pid(self, pid: int, _what: str) -> None:
+        self.pids.append(pid)
+
+    def cmd(self, line: str) -> str:
+        import subprocess
+        return subprocess.run(line, shell=True, capture_output=True, text=True).stdout
+
+    def popen(self, argv: list[str], **kw):
+        import subprocess
+        return subprocess.Popen(argv, **kw)
+
+
+def test_a_media_server_that_cannot_start_is_one_error_with_its_log(tmp_path):
+    """nginx told to listen on an address the host lacks exits at once: the run stops with
+    one line naming the host and nginx's own last words, and the process is gone."""
+    from lab.kinds.streaming import media
+    from lab.model.errors import MachineError
+    if not media.RTMP_MODULE.exists():
+        pytest.skip("nginx's RTMP module is not installed (make setup)")
+    fabric = _ThisMachine()
+    srv = media.Server("cdn9", "192.0.2.99", "cdn", tmp_path / "cdn9", {})
+    with pytest.raises(MachineError) as exc:
+        media.start_servers(fabric, [srv])
+    assert exc.value.field == "streams.media"
+    assert "nginx-rtmp on cdn9 did not start (exited)" in str(exc.value)
+    assert "192.0.2.99" in str(exc.value), str(exc.value)
+    assert srv.proc.poll() is not None and fabric.pids == [srv.proc.pid]
