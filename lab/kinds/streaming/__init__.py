@@ -20,6 +20,10 @@ Phases (``metrics.phases``, in this order):
 Mechanism lives in ``lab.net.edge`` (topology), ``lab.net.edgecontrol`` (hash, pinning, cuts),
 ``lab.measure.routerstats`` (router counters) and ``lab.agents.streamer`` (senders and players).
 
+The streams are real media where ffmpeg and nginx-rtmp are installed (``media``: the cached
+clip, the nginx-rtmp servers, the pushers; the viewers are ``lab.agents.rtmpview``,
+``hlsview`` and ``hlsjsview``), else the lab's own sender and player (``streams.media``).
+
 The package: ``plan`` (the scenario's keys, its phases and their streams), ``run`` (the
 edge brought up and driven phase by phase: ``setup`` sets a phase's routing, ``programs``
 starts its players and senders, ``failover`` cuts and restores), ``metrics`` (the kind's
