@@ -41,10 +41,12 @@ def router_link_entries(rports: list[RouterPort], series: dict[RouterPort, Serie
 
 
 def flow_entry(s: Stream, ovs: dict, att: dict[str, str], adj: dict[str, dict[str, int]],
-               router_hops: list[dict[str, Any]]) -> dict[str, Any]:
+               router_hops: list[dict[str, Any]],
+               reverse_hops: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A stream's ``flows`` entry: its path through the fabric from the OVS counters ``ovs``
     (``att`` and ``adj`` as ``lab.model.flowpaths`` makes them), its ``router_hops``
-    (``router_path``), and what its sender and player reported."""
+    (``router_path``) and those of its packets the other way (``reverse_hops``: ACKs), and
+    what its sender and player reported."""
     spec = s.spec()
     fwd, rev = spec.watch_entries(s.index)
     hops = {sw: c.get(fwd["cookie"], (0, 0))[1] for sw, c in ovs.items()}
@@ -63,7 +65,7 @@ def flow_entry(s: Stream, ovs: dict, att: dict[str, str], adj: dict[str, dict[st
         "sport": s.sport, "dport": s.dport, "offered_bps": s.rate_mbps * 1e6,
         "path": path, "path_clean": clean, "hop_bytes": {sw: hops[sw] for sw in path},
         "reverse_path": rpath, "reverse_hop_bytes": {sw: rhops[sw] for sw in rpath},
-        "router_hops": router_hops,
+        "router_hops": router_hops, "reverse_router_hops": reverse_hops or [],
         # Every node in travel order: the fabric's switches, then the routers (or the
         # other way round for an anchor's push into the DC).
         "full_path": path + nodes if s.role != "ingest" else nodes + path,

@@ -316,5 +316,9 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
         key = (s.src_ip, s.dst_ip, s.proto, s.sport, s.dport)
         start = CORE if s.role != "ingest" else self.isp_of(s.src)
         router_hops = metrics.router_path(self.intfs, self.port_at, key, start, nft)
-        return metrics.flow_entry(s, ovs, self.att, self.adj, router_hops)
+        # The other way (its ACKs, a player's requests): from where the stream ends.
+        back = (s.dst_ip, s.src_ip, s.proto, s.dport, s.sport)
+        back_start = self.isp_of(s.dst) if s.role != "ingest" else CORE
+        reverse_hops = metrics.router_path(self.intfs, self.port_at, back, back_start, nft)
+        return metrics.flow_entry(s, ovs, self.att, self.adj, router_hops, reverse_hops)
 
