@@ -149,6 +149,12 @@ def test_real_media_is_rtmp_over_tcp_and_needs_its_packages(monkeypatch):
     assert exc.value.field == "streams.proto"
     _, params, _ = plan_for(["streams.proto=udp"])
     assert media.resolve(params) == "synthetic"
+    # A reduced rate profile (a TCG guest's) keeps the lab's own sender unless asked.
+    _, params, _ = plan_for(["rate_scale=0.125"])
+    assert media.resolve(params) == "synthetic" and params["rate_scale"] == 0.125
+    if not media.missing_packages():
+        _, params, _ = plan_for([])
+        assert media.resolve(params) == "real"
     monkeypatch.setattr(media, "PACKAGES", {"nosuch-ffmpeg": media.CACHE_DIR / "nope"})
     with pytest.raises(ScenarioError, match="nosuch-ffmpeg") as exc:
         plan_for(["streams.media=real"])
