@@ -12,8 +12,10 @@ This runs inside hosts: standard library only, nothing of the lab.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import os
 import signal
 import socket
 import struct
@@ -137,3 +139,40 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     lo = math.floor(pos)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after ``(comm)``: [0] state, [1] ppid, [2] pgrp,
+    [3] session, [11] utime, [12] stime, [13] cutime, [14] cstime (clock ticks). Readable
+    until the process is reaped (a zombie included); None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2:].split()
+    except (OSError, ValueError):
+        return None
+
+
+def process_cpu_ticks(pid: int, children: bool = False) -> int | None:
+    """User+system CPU of a process (all its threads) in clock ticks; with ``children``,
+    also that of the children it has reaped. None if it is gone."""
+    fields = proc_stat(pid)
+    if fields is None:
+        return None
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """:func:`process_cpu_ticks` in seconds (None if the process is gone)."""
+    ticks = process_cpu_ticks(pid)
+    return None if ticks is None else ticks / os.sysconf("SC_CLK_TCK")
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value

@@ -68,6 +68,8 @@ from lab.agents.common import (
     StopRequestedError,
     catch_signals,
     ignore_signals,
+    positive_float,
+    proc_stat,
     write_json,
 )
 
@@ -137,21 +139,12 @@ def parse_evt(line: str) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after ``(comm)``: [0] state, [1] ppid, [2] pgrp, [3] session,
-    [11] utime, [12] stime, [13] cutime, [14] cstime (clock ticks)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
 def session_pids(sid: int) -> list[int]:
     """Every live (not zombie) process in session ``sid``."""
     out = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            st = _stat(int(entry))
+            st = proc_stat(int(entry))
             if st is not None and int(st[3]) == sid and st[0] != "Z":
                 out.append(int(entry))
     return out
@@ -163,7 +156,7 @@ def session_cpu_s(sid: int) -> float:
     total = 0
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            st = _stat(int(entry))
+            st = proc_stat(int(entry))
             if st is not None and int(st[3]) == sid:
                 total += int(st[11]) + int(st[12]) + int(st[13]) + int(st[14])
     return total / tick
@@ -459,13 +452,6 @@ class Viewer:
 # --------------------------------------------------------------------------------------------
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab.agents.hlsjsview", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -474,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-path", default=PAGE_PATH,
                    help=f"where that server serves the player page (default {PAGE_PATH})")
     p.add_argument("--stream-id", type=int, default=1, help="the stream's id in the summary")
-    p.add_argument("--duration", type=_positive, required=True,
+    p.add_argument("--duration", type=positive_float, required=True,
                    help="watch this many seconds from the viewer's own start")
     p.add_argument("--publish-epoch", type=float, default=None,
                    help="wall-clock time (unix s) the publisher sent PTS 0: gives live latency")

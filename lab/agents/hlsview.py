@@ -65,6 +65,7 @@ from lab.agents.common import (
     catch_signals,
     ignore_signals,
     percentile,
+    positive_float,
     write_json,
 )
 
@@ -508,21 +509,14 @@ def _ms(x: float | None) -> float | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab.agents.hlsview", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True, help="http://server[:port]/path/stream.m3u8")
     p.add_argument("--stream-id", type=int, default=1, help="the stream's id in the summary")
-    p.add_argument("--duration", type=_positive, required=True,
+    p.add_argument("--duration", type=positive_float, required=True,
                    help="watch this many seconds from the viewer's own start")
-    p.add_argument("--fps", type=_positive, default=None,
+    p.add_argument("--fps", type=positive_float, default=None,
                    help="the stream's frame rate (default: measured from the video PTS)")
     p.add_argument("--startup-ms", type=float, default=DEFAULT_STARTUP_MS,
                    help="media buffered before playback starts (default "

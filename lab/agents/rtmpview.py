@@ -80,8 +80,10 @@ from lab.agents.common import (
     STOP_SIGNALS,
     StopRequestedError,
     catch_signals,
+    cpu_seconds,
     ignore_signals,
     percentile,
+    positive_float,
     write_json,
 )
 from lab.agents.workerbase import cpu_s
@@ -414,17 +416,6 @@ def _child_setup(mask: set[signal.Signals], parent: int) -> Callable[[], None]:
     return setup
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU seconds of process ``pid`` so far (readable until it is reaped,
-    a zombie included); None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # after "(comm)", field 3 (state) is fields[0]
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class Viewer:
     """Starts ffprobe, stamps its lines until the watch is over, then stops it by PID."""
 
@@ -552,21 +543,14 @@ class Viewer:
 # --------------------------------------------------------------------------------------------
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab.agents.rtmpview", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True, help="rtmp://server[:port]/app/stream")
     p.add_argument("--stream-id", type=int, default=1, help="the stream's id in the summary")
-    p.add_argument("--duration", type=_positive, required=True,
+    p.add_argument("--duration", type=positive_float, required=True,
                    help="watch this many seconds from the viewer's own start")
-    p.add_argument("--fps", type=_positive, required=True,
+    p.add_argument("--fps", type=positive_float, required=True,
                    help="the stream's nominal frame rate: the playout clock, and what a PTS "
                         "gap is measured in")
     p.add_argument("--startup-ms", type=float, default=DEFAULT_STARTUP_MS,

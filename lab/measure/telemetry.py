@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from lab.agents.common import process_cpu_ticks
 from lab.machine import remote
 from lab.measure import live
 from lab.measure.netlink import LinkCounters, netlink
@@ -170,27 +171,6 @@ def cpu_times() -> tuple[int, int]:
         fields = [int(x) for x in f.readline().split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
     return idle, sum(fields[:8])
-
-
-def process_cpu_ticks(pid: int, children: bool = False) -> int | None:
-    """User+system CPU of a process (all its threads) in clock ticks, from /proc/<pid>/stat;
-    with ``children``, also that of the children it has reaped. None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()    # fields[0] is field 3 (state)
-    ticks = int(fields[11]) + int(fields[12])         # utime, stime
-    if children:
-        ticks += int(fields[13]) + int(fields[14])    # cutime, cstime
-    return ticks
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """:func:`process_cpu_ticks` in seconds (None if the process is gone)."""
-    ticks = process_cpu_ticks(pid)
-    return None if ticks is None else ticks / os.sysconf("SC_CLK_TCK")
 
 
 class HasProcess(Protocol):

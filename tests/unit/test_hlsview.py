@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from lab.agents import hlsjsview, hlsview, mpegts
+from lab.agents.common import proc_stat
 
 REPO = Path(__file__).resolve().parents[2]
 FFMPEG = Path("/usr/bin/ffmpeg")
@@ -92,7 +93,7 @@ def _in_session(sid: int) -> list[int]:
     out = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            st = hlsjsview._stat(int(entry))
+            st = proc_stat(int(entry))
             if st is not None and int(st[3]) == sid:
                 out.append(int(entry))
     return out

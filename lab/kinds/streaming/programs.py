@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lab import agents
+from lab.agents.common import cpu_seconds
 from lab.kinds.streaming import media
 from lab.kinds.streaming.plan import Stream
 from lab.machine import programs
 from lab.measure.routerstats import RouterPort
-from lab.measure.telemetry import cpu_seconds
 from lab.model.errors import MachineError
 from lab.model.flows import EPHEMERAL_SYSCTL
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lab.agents.common import cpu_seconds
 from lab.kinds.base import Plan, Progress
 from lab.kinds.streaming import media, metrics
 from lab.kinds.streaming.failover import EdgeFailover
@@ -25,7 +26,6 @@ from lab.kinds.streaming.programs import EdgePrograms
 from lab.kinds.streaming.setup import EdgeSetup
 from lab.machine.progress import Ticker
 from lab.measure import routerstats, telemetry
-from lab.measure.telemetry import cpu_seconds
 from lab.measure.window import Window
 from lab.model.errors import MachineError
 from lab.model.flowpaths import adjacency, attachment
