@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,13 +35,14 @@ import pytest
 
 from lab.agents import hlsjsview, hlsview, mpegts
 from lab.agents.common import proc_stat
+from lab.kinds.streaming.media import stop
+from tests.unit.media_support import free_port, nginx, until
 
 REPO = Path(__file__).resolve().parents[2]
 FFMPEG = Path("/usr/bin/ffmpeg")
 RTMP_MODULE = Path("/usr/lib/nginx/modules/ngx_rtmp_module.so")
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 HLSJS = Path("/var/cache/fabriclab/hlsjs/node_modules/hls.js/dist/hls.min.js")
-PAGE = REPO / "lab" / "agents" / "hlsjs" / "index.html"
 CHROMIUM = hlsjsview.find_chromium()
 
 _MISSING = [str(p) for p in (FFMPEG, RTMP_MODULE, Path(NGINX)) if not p.exists()]
@@ -56,31 +56,6 @@ _NO_BROWSER = [what for what, there in (
      shutil.which(CHROMIUM) is not None or os.access(CHROMIUM, os.X_OK))) if not there]
 needs_browser = pytest.mark.skipif(bool(_NO_BROWSER),
                                    reason=f"needs {'; '.join(_NO_BROWSER)}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """End a process this test started, by its PID: SIGTERM, then SIGKILL."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _alive_in_session(sid: int) -> list[int]:
@@ -112,37 +87,11 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cdn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, int, Path]]:
-    """nginx configured as the lab's CDN node, on free loopback ports, with the hls.js page
-    under /player/: (RTMP port, HTTP port, its directory)."""
-    from lab.kinds.streaming import media
+    """nginx configured as the lab's CDN node (the hls.js page under /player/), on free
+    loopback ports: (RTMP port, HTTP port, its directory)."""
     root = tmp_path_factory.mktemp("cdn")
-    for sub in ("tmp", "hls", "player"):
-        (root / sub).mkdir()
-    shutil.copy(PAGE, root / "player" / "index.html")
-    if HLSJS.exists():
-        shutil.copy(HLSJS, root / "player" / "hls.min.js")
-    rtmp_port, http_port = _free_port(), _free_port()
-    conf = media.Server("cdn", "127.0.0.1", "cdn", root, {}).conf()
-    conf = conf.replace(f"127.0.0.1:{media.RTMP_PORT};", f"127.0.0.1:{rtmp_port};")
-    conf = conf.replace(f"127.0.0.1:{media.HLS_PORT};", f"127.0.0.1:{http_port};")
-    if "/player/" not in conf:  # until media.py serves the page itself
-        conf = conf.replace("    location /hls/",
-                            f"    location /player/ {{ alias {root}/player/; }}\n"
-                            "    location /hls/")
-    (root / "nginx.conf").write_text(conf)
-    proc = subprocess.Popen([NGINX, "-p", f"{root}/", "-c", f"{root}/nginx.conf",
-                             "-e", f"{root}/error.log", "-g", "daemon off;"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        def listening() -> bool:
-            assert proc.poll() is None, (root / "error.log").read_text()
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", http_port)) == 0
-        _until(listening, 5, "nginx listening")
-        yield rtmp_port, http_port, root
-    finally:
-        _stop(proc)
+    with nginx(root, "cdn") as srv:
+        yield srv.rtmp_port, srv.http_port, root
 
 
 Publish = Callable[[str], tuple[subprocess.Popen[bytes], float, str]]
@@ -165,14 +114,14 @@ def publish(clip: Path, cdn: tuple[int, int, Path]) -> Iterator[Publish]:
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         started.append(proc)
-        _until(lambda: log.read_text().count(mark) > before, 5, f"{name} published")
+        until(lambda: log.read_text().count(mark) > before, 5, f"{name} published")
         return proc, epoch, f"http://127.0.0.1:{http_port}/hls/{name}.m3u8"
 
     try:
         yield start
     finally:
         for proc in started:
-            _stop(proc)
+            stop([proc])
 
 
 def _agent(name: str, tmp_path: Path, url: str, duration: float, epoch: float | None,
@@ -192,7 +141,7 @@ def _finish(proc: subprocess.Popen[bytes], out: Path, timeout: float) -> dict[st
     try:
         _, err = proc.communicate(timeout=timeout)
     finally:
-        _stop(proc)
+        stop([proc])
     assert proc.returncode == 0, err.decode()
     return json.loads(out.read_text())
 
@@ -328,14 +277,14 @@ def test_a_publisher_back_after_3_s_stalls_then_both_viewers_resume(
 @needs_browser
 def test_hlsjsview_leaves_no_chromium_after_sigterm_or_sigkill(tmp_path: Path) -> None:
     """No stream is needed: Chromium runs its processes while hls.js retries the playlist."""
-    url = f"http://127.0.0.1:{_free_port()}/hls/none.m3u8"
+    url = f"http://127.0.0.1:{free_port()}/hls/none.m3u8"
     for sig in (signal.SIGTERM, signal.SIGKILL):
         run = tmp_path / sig.name
         run.mkdir()
         proc, out, ready = _agent("hlsjsview", run, url, 30.0, None)
-        _until(lambda r=ready: r.exists() and r.read_text().strip().isdigit(), 5, "ready")
+        until(lambda r=ready: r.exists() and r.read_text().strip().isdigit(), 5, "ready")
         pid = int(ready.read_text())
-        _until(lambda p=pid: len(_alive_in_session(p)) >= 3, 10, "Chromium's processes")
+        until(lambda p=pid: len(_alive_in_session(p)) >= 3, 10, "Chromium's processes")
         t = time.monotonic()
         proc.send_signal(sig)
         if sig == signal.SIGTERM:
@@ -350,13 +299,13 @@ def test_hlsjsview_leaves_no_chromium_after_sigterm_or_sigkill(tmp_path: Path) -
             assert proc.returncode == -signal.SIGKILL
             # the browser dies with its agent, its children with it (zombies until PID 1
             # reaps them: none runs)
-            _until(lambda p=pid: _alive_in_session(p) == [], 5, "Chromium gone")
+            until(lambda p=pid: _alive_in_session(p) == [], 5, "Chromium gone")
 
 
 def test_hlsview_stops_on_sigterm_and_still_writes_its_summary(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{_free_port()}/hls/none.m3u8"  # nothing listens there
+    url = f"http://127.0.0.1:{free_port()}/hls/none.m3u8"  # nothing listens there
     proc, out, ready = _agent("hlsview", tmp_path, url, 30.0, None)
-    _until(ready.exists, 5, "ready file")
+    until(ready.exists, 5, "ready file")
     time.sleep(0.8)
     proc.send_signal(signal.SIGTERM)
     doc = _finish(proc, out, 5)

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ import pytest
 
 from lab.agents import rtmpview
 from lab.agents.rtmpview import Recording, Watch, presentation_indices, summarize
+from lab.kinds.streaming.media import stop
+from tests.unit.media_support import nginx, until
 
 REPO = Path(__file__).resolve().parents[2]
 FFMPEG = Path("/usr/bin/ffmpeg")
@@ -42,25 +43,6 @@ _MISSING = [str(p) for p in (FFMPEG, FFPROBE, RTMP_MODULE, Path(NGINX)) if not p
 needs_rtmp = pytest.mark.skipif(
     bool(_MISSING), reason="needs ffmpeg, ffprobe and nginx with the RTMP module "
     f"(apt-get install ffmpeg libnginx-mod-rtmp); missing: {', '.join(_MISSING)}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """End a process this test started, by its PID: SIGTERM, then SIGKILL."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
 
 
 def _gone(pid: int) -> bool:
@@ -88,30 +70,10 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
-    """nginx with the RTMP module on a free loopback port: (port, its directory)."""
+    """The lab's ingest nginx-rtmp on a free loopback port: (port, its directory)."""
     root = tmp_path_factory.mktemp("nginx")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (root / "nginx.conf").write_text(
-        f"load_module {RTMP_MODULE};\nmaster_process off;\nworker_processes 1;\n"
-        f"pid {root}/nginx.pid;\nerror_log {root}/error.log info;\n"
-        "events { worker_connections 64; }\n"
-        f"rtmp {{ server {{ listen 127.0.0.1:{port}; "
-        "application live { live on; record off; } } }\n")
-    proc = subprocess.Popen([NGINX, "-p", f"{root}/", "-c", f"{root}/nginx.conf",
-                             "-e", f"{root}/error.log", "-g", "daemon off;"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        def listening() -> bool:
-            assert proc.poll() is None, (root / "error.log").read_text()
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-        _until(listening, 5, "nginx listening")
-        yield port, root
-    finally:
-        _stop(proc)
+    with nginx(root, "ingest") as srv:
+        yield srv.rtmp_port, root
 
 
 Publish = Callable[[str], tuple[subprocess.Popen[bytes], float, str]]
@@ -134,14 +96,14 @@ def publish(clip: Path, server: tuple[int, Path]) -> Iterator[Publish]:
                                 stderr=subprocess.DEVNULL)
         started.append(proc)
         log = root / "error.log"
-        _until(lambda: f"publish: name='{name}'" in log.read_text(), 5, f"{name} published")
+        until(lambda: f"publish: name='{name}'" in log.read_text(), 5, f"{name} published")
         return proc, epoch, url
 
     try:
         yield start
     finally:
         for proc in started:
-            _stop(proc)
+            stop([proc])
 
 
 def _view(tmp_path: Path, url: str, duration: float, epoch: float | None = None,
@@ -162,7 +124,7 @@ def _finish(proc: subprocess.Popen[bytes], out: Path, timeout: float) -> dict[st
     try:
         _, err = proc.communicate(timeout=timeout)
     finally:
-        _stop(proc)
+        stop([proc])
     assert proc.returncode == 0, err.decode()
     return json.loads(out.read_text())
 
@@ -210,7 +172,7 @@ def test_sigterm_mid_watch_writes_the_summary_and_leaves_no_ffprobe(
         publish: Publish, tmp_path: Path) -> None:
     _, _, url = publish("sigterm")
     viewer, out, ready = _view(tmp_path, url, 30.0)
-    _until(lambda: ready.exists() and ready.read_text().strip().isdigit(), 5, "ready file")
+    until(lambda: ready.exists() and ready.read_text().strip().isdigit(), 5, "ready file")
     ffprobe_pid = int(ready.read_text())
     assert not _gone(ffprobe_pid)
     time.sleep(2.0)
@@ -234,7 +196,7 @@ def test_a_publisher_that_dies_leaves_the_viewer_stalled(publish: Publish,
     pusher, _, url = publish("dies")
     viewer, out, ready = _view(tmp_path, url, 5.5)
     t0 = time.time()
-    _until(ready.exists, 5, "ready file")
+    until(ready.exists, 5, "ready file")
     time.sleep(max(0.0, t0 + 2.8 - time.time()))
     os.kill(pusher.pid, signal.SIGKILL)
     killed = time.time()

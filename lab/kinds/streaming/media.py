@@ -151,6 +151,9 @@ class Server:
     dir: Path
     pushes: dict[str, str]        # stream name -> the address it is pushed on to
     proc: Any = None
+    #: Its ports: the lab's hosts each have their own address; a test on loopback does not.
+    rtmp_port: int = RTMP_PORT
+    http_port: int = HLS_PORT
 
     def conf(self) -> str:
         """nginx.conf: one process, everything in the run directory, listening only on the
@@ -172,7 +175,7 @@ class Server:
                 f"  scgi_temp_path {d}/tmp/scgi;\n"
                 "  types { application/vnd.apple.mpegurl m3u8; video/mp2t ts; "
                 "text/html html; application/javascript js; }\n"
-                f"  server {{\n    listen {self.ip}:{HLS_PORT};\n"
+                f"  server {{\n    listen {self.ip}:{self.http_port};\n"
                 f"    location /hls/ {{ alias {d}/hls/; add_header Cache-Control no-cache; }}\n"
                 f"    location = /player/hls.min.js {{ alias {HLSJS}; }}\n"
                 f"    location /player/ {{ alias {PLAYER_DIR}/; }}\n"
@@ -182,7 +185,7 @@ class Server:
                 f"pid {d}/nginx.pid;\nerror_log {d}/error.log info;\n"
                 "events { worker_connections 256; }\n"
                 "rtmp {\n  server {\n"
-                f"    listen {self.ip}:{RTMP_PORT};\n    chunk_size 4096;\n"
+                f"    listen {self.ip}:{self.rtmp_port};\n    chunk_size 4096;\n"
                 "    application live {\n      live on;\n      record off;\n"
                 # A subscriber (a relay, a viewer, the HLS cutter) starts at a keyframe with
                 # its audio: without it the first HLS fragment is audio only, and a browser
@@ -218,7 +221,7 @@ def start_servers(fabric: Any, servers: list[Server]) -> None:
                                 f"nginx-rtmp {s.role} {s.host}")
     deadline = time.monotonic() + START_TIMEOUT_S
     for s in servers:
-        while not listening(fabric, s.host, s.ip, RTMP_PORT):
+        while not listening(fabric, s.host, s.ip, s.rtmp_port):
             if s.proc.poll() is not None or time.monotonic() > deadline:
                 raise MachineError("streams.media", f"nginx-rtmp on {s.host} did not start "
                                    f"({'exited' if s.proc.poll() is not None else 'timed out'}):"

@@ -92,11 +92,7 @@ class EdgePrograms:
             procs.append(programs.spawn(self.fabric, dst, cmd, work / f"{dst}.play.log",
                                         f"player {dst}"))
             ready.append(rf)
-        # A player says it is ready by its file; one that died is reported at once.
-        dead, waiting = programs.wait_ready(ready, procs, stop_at_death=True)
-        if dead or waiting:
-            raise MachineError("streams", f"players not ready "
-                               f"({'exited' if dead else 'timed out'}): {dead or waiting}")
+        wait_ready(ready, procs, "players")
         return procs
 
     def start_senders(self, streams: list[Stream], work: Path, duration: float) -> list[Any]:
@@ -230,10 +226,7 @@ class EdgePrograms:
             procs.append(programs.spawn(self.fabric, s.dst, cmd,
                                         work / f"{s.stream_id}.view.log", f"viewer {s.id}"))
             ready.append(rf)
-        dead, waiting = programs.wait_ready(ready, procs, stop_at_death=True)
-        if dead or waiting:
-            raise MachineError("streams", f"viewers not ready "
-                               f"({'exited' if dead else 'timed out'}): {dead or waiting}")
+        wait_ready(ready, procs, "viewers")
         return procs
 
     def start_hls_viewers(self, streams: list[Stream], work: Path,
@@ -311,6 +304,15 @@ class EdgePrograms:
                 continue
         return {"player": player, "sender": sender, "player_cpu_s": viewer_cpu,
                 "players": players}
+
+
+def wait_ready(ready: list[Path], procs: list[Any], what: str) -> None:
+    """Every player (or viewer) says it is ready by its file; one that died is reported at
+    once, one that hangs once ``programs.ready_timeout_s()`` is over."""
+    dead, waiting = programs.wait_ready(ready, procs, stop_at_death=True)
+    if dead or waiting:
+        raise MachineError("streams", f"{what} not ready "
+                           f"({'exited' if dead else 'timed out'}): {dead or waiting}")
 
 
 def player_line(summary: dict[str, Any] | None) -> dict[str, Any] | None:
