@@ -176,3 +176,100 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+# --------------------------------------------------------------------------------------------
+# Viewers: their shared command line, and the state they report while they play
+# --------------------------------------------------------------------------------------------
+
+#: A viewer rewrites its live file at most this often (s): the live view polls twice a second.
+LIVE_EVERY_S = 0.5
+
+
+def add_viewer_arguments(p: argparse.ArgumentParser, *, url_help: str, ready_help: str,
+                         epoch_help: str = "gives delay and live latency",
+                         live_file: bool = True) -> None:
+    """The options every viewer (``rtmpview``, ``hlsview``, ``hlsjsview``) takes alike, so
+    that the lab starts each with the same words and they mean the same thing in all."""
+    p.add_argument("--url", required=True, help=url_help)
+    p.add_argument("--stream-id", type=int, default=1, help="the stream's id in the summary")
+    p.add_argument("--duration", type=positive_float, required=True,
+                   help="watch this many seconds from the viewer's own start")
+    p.add_argument("--publish-epoch", type=float, default=None,
+                   help=f"wall-clock time (unix s) the publisher sent PTS 0: {epoch_help}")
+    p.add_argument("--ready-file", help=ready_help)
+    p.add_argument("--out", help="summary JSON file (default: stdout)")
+    if live_file:
+        p.add_argument("--live-file", default=None,
+                       help="while watching, rewrite this JSON file (atomically, at most every "
+                            f"{LIVE_EVERY_S:g} s) with the player's state so far, times in "
+                            "CLOCK_MONOTONIC seconds (for a live view)")
+
+
+def live_state(*, agent: str, stream_id: int, t0: float, now: float,
+               startup_delay_s: float | None, stalls: Sequence[tuple[float, float | None]],
+               ended_s: float | None = None, final: bool = False) -> dict[str, Any]:
+    """What a viewer's live file says: its player's state at ``now`` and how it got there.
+
+    ``t0`` and ``now`` are ``time.monotonic()`` readings; the other times are seconds since
+    ``t0`` as the player model gives them (``startup_delay_s`` None: no picture yet; a stall's
+    end None: still stalled, one ending at ``now``: stalled until the viewer left;
+    ``ended_s``: the stream ended and playback with it). They are
+    written as monotonic seconds: CLOCK_MONOTONIC is one clock for every network namespace
+    of a kernel, so the lab reads them on its own clock without converting. Whatever the
+    model puts after ``now`` is cut at ``now``: a live file says only what has happened.
+    """
+    rel = now - t0
+    first = t0 + startup_delay_s if startup_delay_s is not None and startup_delay_s <= rel \
+        else None
+    spans = [(t0 + a, None if b is None or b > rel else t0 + b) for a, b in stalls if a <= rel]
+    if first is None:
+        state = "waiting"
+    elif spans and (spans[-1][1] is None or spans[-1][1] >= now):
+        state = "stalled"
+    elif ended_s is not None and ended_s <= rel:
+        state = "ended"
+    else:
+        state = "playing"
+    return {"agent": agent, "stream_id": stream_id, "clock": "CLOCK_MONOTONIC",
+            "join": round(t0, 4), "now": round(now, 4), "state": state,
+            "first_picture": None if first is None else round(first, 4),
+            "stalls": [[round(a, 4), None if b is None else round(b, 4)] for a, b in spans],
+            "stall_count": len(spans),
+            "ended": round(t0 + ended_s, 4) if state == "ended" and ended_s is not None
+            else None, "final": final}
+
+
+class LiveFile:
+    """A viewer's live file: rewritten whole (:func:`write_json`: beside it, then renamed, so
+    a reader never sees half of one), at most every ``every_s`` seconds. A viewer asks
+    :meth:`due` from its loop and computes its state only then, so a viewer without
+    ``--live-file`` (``path`` None) does no work for it at all."""
+
+    def __init__(self, path: str | None, every_s: float = LIVE_EVERY_S) -> None:
+        self.path = path
+        self.every_s = every_s
+        self.next_at = 0.0
+        self.writes = self.failures = 0
+
+    def due(self, now: float) -> bool:
+        return self.path is not None and now >= self.next_at
+
+    def wait_s(self, now: float, longest: float) -> float:
+        """How long a loop may block before its next write is due (``longest`` without a
+        live file)."""
+        if self.path is None:
+            return longest
+        return max(0.0, min(longest, self.next_at - now))
+
+    def write(self, state: dict[str, Any], now: float) -> None:
+        """Write ``state``. A write that fails (the directory gone) is counted, not raised:
+        the live file is for a live view, and must not end the watch its summary is for."""
+        if self.path is None:
+            return
+        self.next_at = now + self.every_s
+        try:
+            write_json(state, self.path)
+            self.writes += 1
+        except OSError:
+            self.failures += 1

@@ -38,6 +38,11 @@ dies with it (``PR_SET_PDEATHSIG``) and its children with the browser (they exit
 IPC closes: checked, none survives). Its profile (``--user-data-dir``), HOME and caches are
 in a directory of its own beside ``--out``, removed afterwards (except after a SIGKILL).
 
+With ``--live-file PATH`` the agent also rewrites ``PATH`` about every 0.5 s while it
+watches with the browser's state so far (the live file of :mod:`lab.agents.rtmpview`: times in
+``time.monotonic()`` seconds), its stalls counted by the rule above from the events so far,
+and once more when it stops.
+
 This runs inside hosts: standard library and ``lab.agents`` only.
 """
 
@@ -65,10 +70,12 @@ from typing import Any
 from lab.agents import playout
 from lab.agents.common import (
     STOP_SIGNALS,
+    LiveFile,
     StopRequestedError,
+    add_viewer_arguments,
     catch_signals,
     ignore_signals,
-    positive_float,
+    live_state,
     proc_stat,
     write_json,
 )
@@ -312,6 +319,7 @@ class Viewer:
         self.max_procs = 0
         self.left_behind: list[int] = []
         self.subreaper = False
+        self.live_file = LiveFile(args.live_file)
 
     def run(self) -> None:
         try:
@@ -360,7 +368,9 @@ class Viewer:
                 if now >= next_count:  # how many processes Chromium runs, once a second
                     self.max_procs = max(self.max_procs, len(session_pids(self.proc.pid)))
                     next_count = now + 1.0
-                if not sel.select(min(1.0, deadline - now)):
+                if self.live_file.due(now):
+                    self.write_live(now)
+                if not sel.select(self.live_file.wait_s(now, min(1.0, deadline - now))):
                     continue
                 data = os.read(fd, 1 << 16)
                 if not data:
@@ -419,6 +429,21 @@ class Viewer:
             if pid == 0:
                 return True
 
+    def write_live(self, now: float, final: bool = False) -> None:
+        """The live file (``--live-file``): the browser's stalls so far, by the rule the
+        summary counts them with (:func:`summarize` over the events until ``now``)."""
+        if self.live_file.path is None:
+            return
+        stop = (self.stop_t if final and self.stop_t is not None else now - self.t0)
+        s = summarize(self.events, join_unix=self.join_ns / 1e9, stop_s=stop,
+                      stream_id=self.args.stream_id)
+        stalls = [(e["start_s"], None if e["open"] and not final else e["end_s"])
+                  for e in s["stall_events"]]
+        self.live_file.write(live_state(agent="hlsjsview", stream_id=self.args.stream_id,
+                                        t0=self.t0, now=self.t0 + stop,
+                                        startup_delay_s=s["startup_delay_s"], stalls=stalls,
+                                        final=final), now)
+
     def summary(self) -> dict[str, Any]:
         a = self.args
         join = self.join_ns / 1e9
@@ -455,23 +480,17 @@ class Viewer:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab.agents.hlsjsview", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", required=True,
-                   help="the playlist: http://server[:port]/hls/stream.m3u8")
+    add_viewer_arguments(p, url_help="the playlist: http://server[:port]/hls/stream.m3u8",
+                         ready_help="written (Chromium's PID) once it has started",
+                         epoch_help="gives live latency")
     p.add_argument("--page-path", default=PAGE_PATH,
                    help=f"where that server serves the player page (default {PAGE_PATH})")
-    p.add_argument("--stream-id", type=int, default=1, help="the stream's id in the summary")
-    p.add_argument("--duration", type=positive_float, required=True,
-                   help="watch this many seconds from the viewer's own start")
-    p.add_argument("--publish-epoch", type=float, default=None,
-                   help="wall-clock time (unix s) the publisher sent PTS 0: gives live latency")
     p.add_argument("--pts-offset", type=float, default=NGINX_MUXDELAY_S,
                    help="seconds the server added to the publisher's timestamps (default "
                         f"{NGINX_MUXDELAY_S:g}: nginx-rtmp's hls_muxdelay)")
     p.add_argument("--chromium", help=f"the browser (default: {CHROMIUM} on PATH)")
     p.add_argument("--keep-profile", action="store_true",
                    help="keep Chromium's profile directory afterwards")
-    p.add_argument("--ready-file", help="written (Chromium's PID) once it has started")
-    p.add_argument("--out", help="summary JSON file (default: stdout)")
     return p
 
 
@@ -480,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     viewer = Viewer(args)
     viewer.run()
+    viewer.write_live(time.monotonic(), final=True)
     write_json(viewer.summary(), args.out)
     return 0
 

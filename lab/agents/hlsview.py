@@ -41,6 +41,12 @@ nginx-rtmp writes every timestamp into its TS segments ``hls_muxdelay`` (0.7 s, 
 later than the RTMP timestamp, which ``--pts-offset`` takes back out (frames' ``pts_s`` in the
 summary are on the publisher's clock; the segments' ``pts_s`` are the TS's own).
 
+With ``--live-file PATH`` the viewer also rewrites ``PATH`` about every 0.5 s while it
+watches, with its player's state so far (the RTMP viewer's live file, from the same model:
+see :mod:`lab.agents.rtmpview`), and once more from the summary's model when it stops. It is
+written between requests: while one segment is still loading (seconds, when the link is
+congested) the file keeps its last state, which the lab shows with its time.
+
 On SIGTERM/SIGINT the viewer stops and still writes what it has. It starts no process.
 
 This runs inside hosts: standard library and ``lab.agents`` only.
@@ -61,7 +67,9 @@ from typing import Any
 
 from lab.agents import mpegts, playout, rtmpview
 from lab.agents.common import (
+    LiveFile,
     StopRequestedError,
+    add_viewer_arguments,
     catch_signals,
     ignore_signals,
     percentile,
@@ -317,6 +325,7 @@ class Viewer:
         self.stopped: str | None = None
         self.errors: list[str] = []
         self.stop_t: float | None = None
+        self.live_file = LiveFile(args.live_file)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -337,6 +346,7 @@ class Viewer:
     def _watch(self) -> None:
         next_reload = time.monotonic()
         while time.monotonic() < self.deadline:
+            self._live()
             seg = self._next_segment()
             if seg is not None:
                 self._fetch(seg)
@@ -348,10 +358,40 @@ class Viewer:
             wait = next_reload - time.monotonic()
             if wait > 0:
                 if next_reload >= self.deadline:
-                    time.sleep(max(0.0, self.deadline - time.monotonic()))
+                    self._sleep_until(self.deadline)
                     return
-                time.sleep(wait)
+                self._sleep_until(next_reload)
             next_reload = self._reload()
+
+    def _sleep_until(self, when: float) -> None:
+        """Sleep until ``when`` (monotonic), waking for the live file when it is due."""
+        while (left := when - time.monotonic()) > 0:
+            time.sleep(self.live_file.wait_s(time.monotonic(), left) or 0.001)
+            self._live()
+
+    def _live(self) -> None:
+        now = time.monotonic()
+        if self.live_file.due(now):
+            self.write_live(now)
+
+    def write_live(self, now: float, final: bool = False) -> None:
+        """The live file (``--live-file``): the RTMP viewer's model over the segments in so
+        far, the watch ending ``now``; ``final``: the summary's own watch, once stopped."""
+        a = self.args
+        if self.live_file.path is None:
+            return
+        rec = self.recording()
+        fps, _ = self.fps(rec)
+        if final:
+            stop = self.stop_t if self.stop_t is not None else now - self.t0
+            watch = rtmpview.Watch(self.join_ns / 1e9, stop, a.duration, self.end_reason)
+            now = self.t0 + stop
+        else:
+            watch = rtmpview.Watch(self.join_ns / 1e9, now - self.t0, a.duration, "duration")
+        self.live_file.write(rtmpview.live(rec, agent="hlsview", stream_id=a.stream_id,
+                                           fps=fps, startup_ms=a.startup_ms,
+                                           rebuffer_ms=a.rebuffer_ms, watch=watch,
+                                           t0=self.t0, now=now, final=final), now)
 
     def _reload(self) -> float:
         """Load the playlist; return when (monotonic) to load it next (RFC 8216 §6.3.4)."""
@@ -494,6 +534,7 @@ class Viewer:
             "started_unix": join, "publish_epoch": a.publish_epoch,
             "stopped_by": self.stopped, "errors": self.errors,
             "cpu_s": cpu_s, "cpu_pct": 100 * cpu_s / stop if stop > 0 else None,
+            "live_writes": self.live_file.writes,
             "streams": [s],
         }
         out.update(playout.stream_totals(out))
@@ -512,10 +553,8 @@ def _ms(x: float | None) -> float | None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab.agents.hlsview", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", required=True, help="http://server[:port]/path/stream.m3u8")
-    p.add_argument("--stream-id", type=int, default=1, help="the stream's id in the summary")
-    p.add_argument("--duration", type=positive_float, required=True,
-                   help="watch this many seconds from the viewer's own start")
+    add_viewer_arguments(p, url_help="http://server[:port]/path/stream.m3u8",
+                         ready_help="written (this viewer's PID) once it has started")
     p.add_argument("--fps", type=positive_float, default=None,
                    help="the stream's frame rate (default: measured from the video PTS)")
     p.add_argument("--startup-ms", type=float, default=DEFAULT_STARTUP_MS,
@@ -524,14 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rebuffer-ms", type=float, default=DEFAULT_REBUFFER_MS,
                    help="media buffered again before playback resumes after a stall "
                         f"(default {DEFAULT_REBUFFER_MS:g}: {rtmpview.BUFFER_RULE_SOURCE})")
-    p.add_argument("--publish-epoch", type=float, default=None,
-                   help="wall-clock time (unix s) the publisher sent PTS 0: gives delay and "
-                        "live latency")
     p.add_argument("--pts-offset", type=float, default=NGINX_MUXDELAY_S,
                    help="seconds the server added to the publisher's timestamps (default "
                         f"{NGINX_MUXDELAY_S:g}: nginx-rtmp's hls_muxdelay)")
-    p.add_argument("--ready-file", help="written (this viewer's PID) once it has started")
-    p.add_argument("--out", help="summary JSON file (default: stdout)")
     return p
 
 
@@ -540,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     viewer = Viewer(args)
     viewer.run()
+    viewer.write_live(time.monotonic(), final=True)
     write_json(viewer.summary(), args.out)
     return 0
 

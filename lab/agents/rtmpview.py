@@ -49,6 +49,18 @@ one who starts waiting, so ``startup_delay_s`` is how long it waited for a pictu
 are stamped with ``time.monotonic()`` (for the model) and ``time.time_ns()`` (the wall clock
 every namespace shares, for latency against ``--publish-epoch``).
 
+With ``--live-file PATH`` (the lab gives it while a live view is on) the viewer also says
+how its player is doing while it watches: about every 0.5 s it runs the same model over the
+frames so far, as if the watch ended then, and rewrites ``PATH`` atomically with
+``state`` (``waiting`` for the first picture, ``playing``, ``stalled``, ``ended``),
+``first_picture``, ``stalls`` (``[start, end]``, end ``null`` while still stalled) and
+``stall_count``, times in ``time.monotonic()`` seconds (CLOCK_MONOTONIC is one clock in
+every network namespace of a kernel, so the lab needs no conversion). After it stops it
+writes the file once more from the summary's own model (``"final": true``), so the last
+live state and the summary agree. A stall that the model later sees end differently (a
+rebuffer that had not yet refilled) is shown as still open until it does; without
+``--live-file`` none of this is computed.
+
 On SIGTERM/SIGINT the viewer stops and still writes what it has; its ffprobe child is
 stopped by PID on every way out (and dies with it, by ``PR_SET_PDEATHSIG``, if the viewer
 is killed outright).
@@ -78,10 +90,13 @@ from typing import Any
 from lab.agents import playout
 from lab.agents.common import (
     STOP_SIGNALS,
+    LiveFile,
     StopRequestedError,
+    add_viewer_arguments,
     catch_signals,
     cpu_seconds,
     ignore_signals,
+    live_state,
     percentile,
     positive_float,
     write_json,
@@ -306,7 +321,8 @@ def _viewer_keys(stats: playout.PlayoutStats, watch: Watch) -> dict[str, Any]:
 
 
 def _model(frames: Sequence[VideoFrame], idx: Sequence[int], fps: float, startup_ms: float,
-           rebuffer_ms: float, stop_s: float) -> tuple[playout.PlayoutStats, int, int]:
+           rebuffer_ms: float, stop_s: float, timeline_step_s: float = TIMELINE_STEP_S,
+           ) -> tuple[playout.PlayoutStats, int, int]:
     """Run the player model from the first keyframe that arrived; return its stats, that
     keyframe's slot and how many frames came before it (undecodable, never shown)."""
     key_at = next((i for i, f in enumerate(frames) if f.key), None)
@@ -315,7 +331,7 @@ def _model(frames: Sequence[VideoFrame], idx: Sequence[int], fps: float, startup
     key_slot = idx[key_at]
     arrivals = [(k - key_slot, f.t) for f, k in zip(frames[key_at:], idx[key_at:], strict=True)]
     stats = playout.simulate_playout(arrivals, fps, startup_ms, rebuffer_ms, join_time=0.0,
-                                     eos_time=stop_s, timeline_step_s=TIMELINE_STEP_S)
+                                     eos_time=stop_s, timeline_step_s=timeline_step_s)
     return stats, key_slot, key_at
 
 
@@ -345,19 +361,50 @@ def _trailing_stall(stats: playout.PlayoutStats, watch: Watch) -> None:
                                                     waiting))
 
 
+def play(rec: Recording, fps: float, startup_ms: float, rebuffer_ms: float, watch: Watch,
+         timeline_step_s: float = TIMELINE_STEP_S,
+         ) -> tuple[playout.PlayoutStats, list[int], int, int, int]:
+    """The player model over what arrived until ``watch.stop_s``: its stats, each frame's
+    slot, the PTS restarts, the first keyframe's slot and the frames before it. The summary
+    and the live file (:func:`live`) both come from here, so what a live view showed and
+    what the summary says are one model's answers, at two times."""
+    frames = rec.frames
+    idx, restarts = presentation_indices([f.pts for f in frames], fps)
+    stats, key_slot, before_key = _model(frames, idx, fps, startup_ms, rebuffer_ms,
+                                         watch.stop_s, timeline_step_s)
+    if (stats.startup_delay_s is not None and watch.end_reason not in ("eof", "error")
+            and stats.startup_delay_s >= watch.stop_s):
+        stats.started, stats.startup_delay_s = False, None  # left before the picture came
+    _trailing_stall(stats, watch)
+    return stats, idx, restarts, key_slot, before_key
+
+
+def live(rec: Recording, *, agent: str, stream_id: int, fps: float, startup_ms: float,
+         rebuffer_ms: float, watch: Watch, t0: float, now: float,
+         final: bool = False) -> dict[str, Any]:
+    """The live file's state (:func:`lab.agents.common.live_state`) at ``now``: the model of
+    :func:`play` with the watch ending now, so that a stream whose frames stopped is a stall
+    still open. No timeline is sampled: only the stalls are wanted, twice a second."""
+    stats, *_ = play(rec, fps, startup_ms, rebuffer_ms, watch, timeline_step_s=0.0)
+    stop = watch.stop_s
+    # A stall the model ends at the watch's end is one still going on (unless it was final).
+    stalls = [(e.start_s, e.start_s + e.duration_s
+               if final or e.start_s + e.duration_s < stop - 1e-6 else None)
+              for e in stats.stall_events]
+    ended = stats.play_end_s if watch.end_reason == "eof" else None
+    return live_state(agent=agent, stream_id=stream_id, t0=t0, now=now,
+                      startup_delay_s=stats.startup_delay_s, stalls=stalls, ended_s=ended,
+                      final=final)
+
+
 def summarize(rec: Recording, *, stream_id: int, fps: float, startup_ms: float,
               rebuffer_ms: float, watch: Watch, publish_epoch: float | None = None,
               ) -> dict[str, Any]:
     """The per-stream entry: the synthetic player's keys (``StreamRecord.summarize`` and
     ``PlayoutStats``), with what only a real stream has."""
     frames = rec.frames
-    idx, restarts = presentation_indices([f.pts for f in frames], fps)
-    stats, key_slot, before_key = _model(frames, idx, fps, startup_ms, rebuffer_ms,
-                                         watch.stop_s)
-    if (stats.startup_delay_s is not None and watch.end_reason not in ("eof", "error")
-            and stats.startup_delay_s >= watch.stop_s):
-        stats.started, stats.startup_delay_s = False, None  # left before the picture came
-    _trailing_stall(stats, watch)
+    stats, idx, restarts, key_slot, before_key = play(rec, fps, startup_ms, rebuffer_ms,
+                                                      watch)
     media = sum(f.size for f in frames) + rec.audio_bytes
     span = (rec.last_t - rec.first_t) + 1 / fps if rec.first_t is not None else 0.0
     jitter = playout.rfc3550_jitter([(f.dts, f.wall_ns / 1e9) for f in frames])
@@ -433,6 +480,7 @@ class Viewer:
         self.stderr = b""
         self.cpu_s: float | None = None
         self.rc: int | None = None
+        self.live_file = LiveFile(args.live_file)
 
     def run(self) -> None:
         try:
@@ -470,10 +518,13 @@ class Viewer:
             sel.register(self.proc.stdout.fileno(), selectors.EVENT_READ, "out")
             sel.register(self.proc.stderr.fileno(), selectors.EVENT_READ, "err")
             while sel.get_map():
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                left = deadline - now
                 if left <= 0:
                     return
-                for key, _ in sel.select(left):
+                if self.live_file.due(now):
+                    self.write_live(now)
+                for key, _ in sel.select(self.live_file.wait_s(now, left)):
                     data = os.read(key.fd, 1 << 16)
                     mono, wall = time.monotonic(), time.time_ns()
                     if not data:
@@ -509,6 +560,23 @@ class Viewer:
         proc.stderr.close()
         if self.end_reason == "eof" and self.rc != 0:
             self.end_reason = "error"
+
+    def write_live(self, now: float, final: bool = False) -> None:
+        """The live file (``--live-file``): the model over the frames so far, the watch
+        ending ``now``; ``final``, the summary's own watch, once the viewer has stopped."""
+        a = self.args
+        if self.live_file.path is None:
+            return
+        if final:
+            stop = self.stop_t if self.stop_t is not None else now - self.t0
+            watch = Watch(self.join_ns / 1e9, stop, a.duration, self.end_reason)
+            now = self.t0 + stop
+        else:
+            watch = Watch(self.join_ns / 1e9, now - self.t0, a.duration, "duration")
+        self.live_file.write(live(self.rec, agent="rtmpview", stream_id=a.stream_id,
+                                  fps=a.fps, startup_ms=a.startup_ms,
+                                  rebuffer_ms=a.rebuffer_ms, watch=watch, t0=self.t0,
+                                  now=now, final=final), now)
 
     def summary(self) -> dict[str, Any]:
         a = self.args
@@ -546,10 +614,8 @@ class Viewer:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m lab.agents.rtmpview", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", required=True, help="rtmp://server[:port]/app/stream")
-    p.add_argument("--stream-id", type=int, default=1, help="the stream's id in the summary")
-    p.add_argument("--duration", type=positive_float, required=True,
-                   help="watch this many seconds from the viewer's own start")
+    add_viewer_arguments(p, url_help="rtmp://server[:port]/app/stream",
+                         ready_help="written (ffprobe's PID) once ffprobe has started")
     p.add_argument("--fps", type=positive_float, required=True,
                    help="the stream's nominal frame rate: the playout clock, and what a PTS "
                         "gap is measured in")
@@ -559,12 +625,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rebuffer-ms", type=float, default=DEFAULT_REBUFFER_MS,
                    help="media buffered again before playback resumes after a stall "
                         f"(default {DEFAULT_REBUFFER_MS:g}: {BUFFER_RULE_SOURCE})")
-    p.add_argument("--publish-epoch", type=float, default=None,
-                   help="wall-clock time (unix s) the publisher sent PTS 0: gives delay and "
-                        "live latency")
-    p.add_argument("--ready-file", help="written (ffprobe's PID) once ffprobe has started")
     p.add_argument("--ffprobe", default="ffprobe", help="the ffprobe program (default: PATH)")
-    p.add_argument("--out", help="summary JSON file (default: stdout)")
     return p
 
 
@@ -573,7 +634,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     viewer = Viewer(args)
     viewer.run()
-    write_json({**viewer.summary(), "cpu_s": cpu_s()}, args.out)
+    viewer.write_live(time.monotonic(), final=True)
+    write_json({**viewer.summary(), "cpu_s": cpu_s(), "live_writes": viewer.live_file.writes},
+               args.out)
     return 0
 
 

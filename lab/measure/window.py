@@ -43,11 +43,11 @@ class Window:
 
     def close(self) -> None:
         """Read them again once the queues are empty and the flow counters still."""
-        live.set_phase(f"{self.name}: draining")
+        live.set_phase(self.name, "draining")
         self.after = telemetry.drained_snapshot(self.ports)
         self.t_end = time.monotonic() - self.sampler.t0
         self.flows1 = telemetry.settled_flow_counters(self.bridges)
-        live.set_phase(f"{self.name}: done")
+        live.set_phase(self.name, "done")
 
     @property
     def measured_s(self) -> float:

@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,7 +31,7 @@ import pytest
 from lab.agents import rtmpview
 from lab.agents.rtmpview import Recording, Watch, presentation_indices, summarize
 from lab.kinds.streaming.media import stop
-from tests.unit.media_support import nginx, until
+from tests.unit.media_support import check_live_against_summary, collect_live, nginx, until
 
 REPO = Path(__file__).resolve().parents[2]
 FFMPEG = Path("/usr/bin/ffmpeg")
@@ -107,7 +108,7 @@ def publish(clip: Path, server: tuple[int, Path]) -> Iterator[Publish]:
 
 
 def _view(tmp_path: Path, url: str, duration: float, epoch: float | None = None,
-          ) -> tuple[subprocess.Popen[bytes], Path, Path]:
+          live_file: Path | None = None) -> tuple[subprocess.Popen[bytes], Path, Path]:
     """Start the viewer as the lab does (its own process); (process, out file, ready file)."""
     out, ready = tmp_path / "view.json", tmp_path / "view.ready"
     argv = [sys.executable, "-m", "lab.agents.rtmpview", "--url", url, "--stream-id", "7",
@@ -115,6 +116,8 @@ def _view(tmp_path: Path, url: str, duration: float, epoch: float | None = None,
             "--ready-file", str(ready), "--ffprobe", str(FFPROBE)]
     if epoch is not None:
         argv += ["--publish-epoch", repr(epoch)]
+    if live_file is not None:
+        argv += ["--live-file", str(live_file)]
     proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return proc, out, ready
@@ -213,6 +216,36 @@ def test_a_publisher_that_dies_leaves_the_viewer_stalled(publish: Publish,
     assert s["rebuffer_ratio"] > 0.2 and s["stall_longest_s"] == stall["duration_s"]
     assert s["timeline"][-2]["state"] == "stalled"
     assert _gone(doc["ffprobe"]["pid"])
+
+
+@needs_rtmp
+def test_the_live_file_follows_the_player_and_ends_as_the_summary(publish: Publish,
+                                                                   tmp_path: Path) -> None:
+    """With --live-file the viewer says while it watches what its model says so far: waiting,
+    then playing, then (the publisher killed) stalled, on the lab's monotonic clock; its
+    last write is the summary's own stalls."""
+    pusher, _, url = publish("live")
+    live_file = tmp_path / "view.live.json"
+    t_start = time.monotonic()
+    viewer, out, ready = _view(tmp_path, url, 6.0, live_file=live_file)
+    until(ready.exists, 5, "ready file")
+    killer = threading.Timer(max(0.0, t_start + 3.5 - time.monotonic()),
+                             lambda: os.kill(pusher.pid, signal.SIGKILL))
+    killer.start()
+    try:
+        seen = collect_live(live_file, viewer, 20)
+    finally:
+        killer.cancel()
+    t_end = time.monotonic()
+    doc = _finish(viewer, out, 10)
+    [s] = doc["streams"]
+    assert s["stalls"] == 1 and s["end_reason"] == "duration"
+    check_live_against_summary(seen, s, t_start, t_end)
+    stalled = [d for d in seen if d["state"] == "stalled" and not d["final"]]
+    # While still watching, the stall is open; it began after the publisher was killed.
+    assert stalled and stalled[0]["stalls"][-1][1] is None
+    assert stalled[0]["stalls"][-1][0] > t_start + 3.5
+    assert doc["live_writes"] >= 8 and not (tmp_path / "view.live.json.tmp").exists()
 
 
 # --------------------------------------------------------------------------------------------
