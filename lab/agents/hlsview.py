@@ -26,7 +26,7 @@ What it does, and why (RFC 8216, and hls.js 1.x where the RFC leaves a choice):
   random-access flag (:mod:`lab.agents.mpegts`), so presentation time is the stream's own,
   not assumed from ``EXTINF``.
 * **the player** is the lab's model (:func:`lab.agents.playout.simulate_playout`, through
-  :func:`lab.agents.rtmpview.summarize`, so the summary has the RTMP viewer's keys): every
+  :func:`lab.agents.viewing.summarize`, so the summary has the RTMP viewer's keys): every
   frame of a segment arrives when the segment's last byte did (a segment is appended whole,
   as hls.js appends it), on the frame clock its PTS gives. The buffer rule is ExoPlayer's
   (media3 ``DefaultLoadControl``: start at 1.0 s buffered, resume after a stall at 2.0 s),
@@ -65,7 +65,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from lab.agents import mpegts, playout, rtmpview
+from lab.agents import mpegts, playout, viewing
 from lab.agents.common import (
     LiveFile,
     StopRequestedError,
@@ -78,8 +78,8 @@ from lab.agents.common import (
 )
 
 #: The buffer rule: the RTMP viewer's (ExoPlayer media3 DefaultLoadControl).
-DEFAULT_STARTUP_MS = rtmpview.DEFAULT_STARTUP_MS
-DEFAULT_REBUFFER_MS = rtmpview.DEFAULT_REBUFFER_MS
+DEFAULT_STARTUP_MS = viewing.DEFAULT_STARTUP_MS
+DEFAULT_REBUFFER_MS = viewing.DEFAULT_REBUFFER_MS
 #: RFC 8216 §6.3.3 / hls.js liveSyncDurationCount: start this many target durations back.
 LIVE_SYNC_COUNT = 3
 #: A playlist that is not there (404, refused) is asked for again this often (s).
@@ -384,11 +384,11 @@ class Viewer:
         fps, _ = self.fps(rec)
         if final:
             stop = self.stop_t if self.stop_t is not None else now - self.t0
-            watch = rtmpview.Watch(self.join_ns / 1e9, stop, a.duration, self.end_reason)
+            watch = viewing.Watch(self.join_ns / 1e9, stop, a.duration, self.end_reason)
             now = self.t0 + stop
         else:
-            watch = rtmpview.Watch(self.join_ns / 1e9, now - self.t0, a.duration, "duration")
-        self.live_file.write(rtmpview.live(rec, agent="hlsview", stream_id=a.stream_id,
+            watch = viewing.Watch(self.join_ns / 1e9, now - self.t0, a.duration, "duration")
+        self.live_file.write(viewing.live(rec, agent="hlsview", stream_id=a.stream_id,
                                            fps=fps, startup_ms=a.startup_ms,
                                            rebuffer_ms=a.rebuffer_ms, watch=watch,
                                            t0=self.t0, now=now, final=final), now)
@@ -464,10 +464,10 @@ class Viewer:
             self.errors.append(text)
 
     # -- the summary -----------------------------------------------------------------------
-    def recording(self) -> rtmpview.Recording:
+    def recording(self) -> viewing.Recording:
         """The frames that arrived, as the RTMP viewer's model takes them: each at its
         segment's completion, with its PTS on the publisher's clock."""
-        rec = rtmpview.Recording(self.t0)
+        rec = viewing.Recording(self.t0)
         off = self.args.pts_offset
         for r in self.records:
             f, c = r.fetch, r.content
@@ -475,7 +475,7 @@ class Viewer:
                 continue
             t, wall_ns = f.done_mono - self.t0, int(f.done_unix * 1e9) if f.done_unix else 0
             for fr in c.frames:
-                rec.frames.append(rtmpview.VideoFrame(t, wall_ns, fr.pts - off, fr.pts - off,
+                rec.frames.append(viewing.VideoFrame(t, wall_ns, fr.pts - off, fr.pts - off,
                                                       fr.key, fr.size))
             rec.audio_packets += c.audio_packets
             rec.audio_bytes += c.audio_bytes
@@ -484,7 +484,7 @@ class Viewer:
                 rec.last_t = t
         return rec
 
-    def fps(self, rec: rtmpview.Recording) -> tuple[float, str]:
+    def fps(self, rec: viewing.Recording) -> tuple[float, str]:
         if self.args.fps:
             return self.args.fps, "--fps"
         steps = [b.pts - a.pts for a, b in zip(rec.frames, rec.frames[1:], strict=False)
@@ -499,8 +499,8 @@ class Viewer:
         stop = self.stop_t if self.stop_t is not None else time.monotonic() - self.t0
         rec = self.recording()
         fps, fps_source = self.fps(rec)
-        watch = rtmpview.Watch(join, stop, a.duration, self.end_reason)
-        s = rtmpview.summarize(rec, stream_id=a.stream_id, fps=fps, startup_ms=a.startup_ms,
+        watch = viewing.Watch(join, stop, a.duration, self.end_reason)
+        s = viewing.summarize(rec, stream_id=a.stream_id, fps=fps, startup_ms=a.startup_ms,
                                rebuffer_ms=a.rebuffer_ms, watch=watch,
                                publish_epoch=a.publish_epoch)
         done = [r for r in self.records if r.fetch is not None and r.fetch.complete]
@@ -559,10 +559,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the stream's frame rate (default: measured from the video PTS)")
     p.add_argument("--startup-ms", type=float, default=DEFAULT_STARTUP_MS,
                    help="media buffered before playback starts (default "
-                        f"{DEFAULT_STARTUP_MS:g}: {rtmpview.BUFFER_RULE_SOURCE})")
+                        f"{DEFAULT_STARTUP_MS:g}: {viewing.BUFFER_RULE_SOURCE})")
     p.add_argument("--rebuffer-ms", type=float, default=DEFAULT_REBUFFER_MS,
                    help="media buffered again before playback resumes after a stall "
-                        f"(default {DEFAULT_REBUFFER_MS:g}: {rtmpview.BUFFER_RULE_SOURCE})")
+                        f"(default {DEFAULT_REBUFFER_MS:g}: {viewing.BUFFER_RULE_SOURCE})")
     p.add_argument("--pts-offset", type=float, default=NGINX_MUXDELAY_S,
                    help="seconds the server added to the publisher's timestamps (default "
                         f"{NGINX_MUXDELAY_S:g}: nginx-rtmp's hls_muxdelay)")

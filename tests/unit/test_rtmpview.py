@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from lab.agents import rtmpview
-from lab.agents.rtmpview import Recording, Watch, presentation_indices, summarize
+from lab.agents.viewing import Recording, Watch, presentation_indices, summarize
 from lab.kinds.streaming.media import stop
 from tests.unit.media_support import check_live_against_summary, collect_live, nginx, until
 
