@@ -185,14 +185,18 @@ def render(report: dict[str, Any]) -> str:
     wid = max([6] + [len(f["id"]) for f in report["flows"]])
     pw = max([28] + [len("-".join(f["path"])) for f in report["flows"]])
     lw = max([16] + [len(f["lost_on"] or "") for f in report["flows"]])
+    streams = any(f.get("stalls") is not None for f in report["flows"])
     lines.append(f"{'flow':{wid}s} {'src->dst':14s} {'path':{pw}s} {'lost B':>9s} "
                  f"{'lost on':{lw}s} {'goodput':>10s} {'retx':>6s}"
-                 + (" stalls" if any(f.get("stalls") is not None for f in report["flows"])
-                    else ""))
+                 + (" stalls" if streams else ""))
     for f in report["flows"]:
-        stalls = f.get("stalls")
+        # A flow no player received (a streaming relay) has no goodput or stalls: "-".
+        stalls, goodput = f.get("stalls"), f.get("goodput_bps")
         lines.append(f"{f['id']:{wid}s} {f['src'] + '->' + f['dst']:14s} "
                      f"{'-'.join(f['path']):{pw}s} {f['lost_bytes']:9d} "
-                     f"{f['lost_on'] or '-':{lw}s} {f['goodput_bps'] / 1e6:8.1f} M "
-                     f"{f['retransmits']:6d}" + (f" {stalls:6d}" if stalls is not None else ""))
+                     f"{f['lost_on'] or '-':{lw}s} "
+                     + (f"{goodput / 1e6:8.1f} M " if goodput is not None else f"{'-':>10s} ")
+                     + f"{f['retransmits']:6d}"
+                     + ((f" {stalls:6d}" if stalls is not None else f" {'-':>6s}")
+                        if streams else ""))
     return "\n".join(lines)

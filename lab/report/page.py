@@ -87,14 +87,16 @@ def _flows_table(flows: list[dict[str, Any]]) -> str:
     rows = []
     for f in flows:
         path = f.get("full_path") or f.get("path") or []
+        # No receiver counted it (a streaming relay has no viewer): no goodput, not zero.
+        goodput = num(f.get("goodput_bps"))
         row = [f.get("id", "?"), f.get("kind", ""), f"{f.get('src', '?')} → {f.get('dst', '?')}",
                " → ".join(str(p) for p in path) if isinstance(path, list) else str(path),
                f"{(num(f.get('offered_bps')) or 0) / 1e6:.2f}",
-               f"{(num(f.get('goodput_bps')) or 0) / 1e6:.2f}",
+               "—" if goodput is None else f"{goodput / 1e6:.2f}",
                f"{int(num(f.get('retransmits')) or 0):,}",
                f"{100 * (num(f.get('loss')) or 0):.2f}"]
         if streams:
-            row += [f.get("stalls", ""), format_value("", f.get("stall_s"))]
+            row += [format_value("", f.get("stalls")), format_value("", f.get("stall_s"))]
         rows.append(row)
     head = ["flow", "kind", "src → dst", "path", "offered (Mbit/s)", "goodput (Mbit/s)",
             "retransmits", "fabric loss (%)"] + (["stalls", "stall time (s)"] if streams else [])

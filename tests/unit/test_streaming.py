@@ -180,14 +180,124 @@ def test_nginx_listens_only_on_its_fabric_address(tmp_path):
     assert "master_process off" in conf and "push rtmp://10.0.0.1:1935/live name=a" in conf
 
 
-def test_streams_above_their_access_link_are_a_warning_naming_the_key():
+def test_streams_above_their_access_link_are_a_warning_naming_the_key(real_media):
+    """Each way on its own: with real media the origin's link carries the relays in and the
+    streams out, each 27 Mbit/s in the incident, and only the over-full ways are named."""
     from lab.kinds.streaming.plan import access_warnings
-    desc, _, streams = plan_for([])
+    desc, _, streams = plan_for(["streams.media=synthetic"])
     assert access_warnings(desc, streams) == []
-    desc, _, streams = plan_for(["topology.host_bw=20"])
+    desc, _, streams = plan_for(["topology.host_bw=20", "streams.media=synthetic"])
     warned = access_warnings(desc, streams)
     assert warned and all("topology.host_bw" in w and "out of h5" in w for w in warned), warned
     assert any("[incident]" in w and "27 Mbit/s" in w for w in warned), warned
+    desc, _, streams = plan_for(["topology.host_bw=20", "streams.media=real"])
+    real = access_warnings(desc, streams)
+    into = [w for w in real if "into h5" in w]
+    assert sorted(set(real) - set(into)) == sorted(warned), real
+    assert any("[incident]" in w and "27 Mbit/s" in w for w in into), into
+    desc, _, streams = plan_for(["topology.host_bw=30", "streams.media=real"])
+    assert access_warnings(desc, streams) == []
+
+
+@pytest.fixture
+def real_media(monkeypatch):
+    """Real media plannable without its packages: the plan only names what would run."""
+    from lab.kinds.streaming import media
+    monkeypatch.setattr(media, "missing_packages", lambda: [])
+
+
+def test_real_media_relays_each_origin_stream_from_a_media_server(real_media):
+    """An origin stream is published into one of the phase's media servers in turn, whose
+    relay to the origin is a planned stream of its own; the other streams keep the 5-tuples
+    the seed gives them without relays, and synthetic media has none."""
+    from lab.kinds.streaming.plan import ORIGIN_ROLES
+    _, params, real = plan_for(["streams.media=real"])
+    _, _, synthetic = plan_for(["streams.media=synthetic"])
+    assert not any(s.role == "relay" for s in synthetic)
+    assert [(s.id, s.src, s.dst, s.sport) for s in real if s.role != "relay"] == \
+        [(s.id, s.src, s.dst, s.sport) for s in synthetic]
+    by_id = {s.id: s for s in real}
+    assert len({s.sport for s in real}) == len(real)
+    assert sorted(s.index for s in real) == list(range(len(real)))
+    for phase in PHASES:
+        mine = [s for s in real if s.phase == phase]
+        origin = [s for s in mine if s.role in ORIGIN_ROLES]
+        relays = [s for s in mine if s.role == "relay"]
+        servers = params["before" if phase == "before-upgrade" else "after"]["servers"]
+        assert len(relays) == len(origin) and origin
+        assert len({s.stream_id for s in mine}) == len(mine)
+        for j, st in enumerate(origin):
+            relay = by_id[st.relayed_by]
+            assert relay.relay_of == st.id and relay.role == "relay"
+            assert relay.src == f"h{j % servers + 1}" and relay.dst == st.src == "h5"
+            assert (relay.dst_ip, relay.dport, relay.proto) == (st.src_ip, 1935, "tcp")
+            assert relay.rate_mbps == st.rate_mbps
+            assert relay.id == f"{phase}/relay{relay.stream_id}"
+
+
+def test_each_server_pushes_on_what_it_relays(real_media, tmp_path):
+    """The chain in nginx's own configuration: a media server pushes each origin stream
+    published into it to the origin, the origin to the stream's CDN node, a CDN node
+    nowhere."""
+    from lab.kinds.streaming.programs import EdgePrograms, stream_name
+    desc, _, streams = plan_for(["streams.media=real"])
+    edge = EdgePrograms()
+    edge.desc, edge.streams = desc, streams
+    edge.fabric = type("F", (), {"run_dir": tmp_path})()
+    servers = {sv.host: sv for sv in edge.media_servers()}
+    assert {h: sv.role for h, sv in servers.items()} == {
+        "h1": "ingest", "h2": "ingest", "h3": "ingest", "h4": "ingest", "h5": "origin",
+        "cdn1": "cdn", "cdn2": "cdn"}
+    ips = {h["name"]: h["ip"] for h in desc["hosts"] + desc["external_hosts"]}
+    big = next(s for s in streams if s.id == "incident/big7")
+    relay = next(s for s in streams if s.id == big.relayed_by)
+    assert stream_name(relay) == stream_name(big) == "incident-big7"
+    assert f"push rtmp://{ips['h5']}:1935/live name=incident-big7;" in \
+        servers[relay.src].conf()
+    assert f"push rtmp://{ips['cdn1']}:1935/live name=incident-big7;" in servers["h5"].conf()
+    assert all("push " not in servers[c].conf() for c in ("cdn1", "cdn2"))
+    pushed = sum(sv.conf().count("push rtmp://") for sv in servers.values())
+    assert pushed == sum(1 for s in streams if s.role != "ingest")
+
+
+def _flow(fid, role, stalls=0, **kw):
+    base = {"id": fid, "role": role, "stalls": stalls, "stall_s": 0.5 * (stalls or 0),
+            "frames_expected": 200, "frames_lost": 0, "offered_bps": 6e6, "retransmits": 1,
+            "received": True, "end_reason": "duration", "router_hops": [], "bytes": 6_000_000,
+            "max_gap_s": 0.2}
+    return {**base, **kw}
+
+
+def test_a_relay_is_neither_a_stream_nor_a_missing_viewer():
+    """A phase's stalls, frames, offered load and fidelity are its viewers'; its relays
+    (no viewer, viewer keys None) are summed apart, and a failover does not call them lost."""
+    from lab.kinds.streaming.metrics import RELAY_UNVIEWED, phase_metrics
+    relay = _flow("incident/relay3", "relay", relay_of="incident/big2", retransmits=4,
+                  bytes=6_100_000, **{k: None for k in RELAY_UNVIEWED})
+    flows = [_flow("incident/ingest1", "ingest", 0), _flow("incident/big2", "big", 2,
+                                                             relayed_by="incident/relay3"),
+             relay]
+    ph = {"flows": flows, "links": [], "duration_s": 8.0, "cpu_idle_min_pct": 40.0,
+          "config": {}, "events": {"cut": "border1", "phase_start_unix": 0.0}}
+    mt = phase_metrics(ph)
+    assert (mt["streams"], mt["stalls"], mt["stall_s"]) == (2, 2, 1.0)
+    assert mt["offered_mbps"] == 12.0 and mt["retransmits"] == 2
+    assert mt["fidelity_valid"] and mt["failover"]["streams_lost"] == []
+    assert mt["relays"] == {"streams": 1, "bytes": 6_100_000, "retransmits": 4}
+    flows[1]["received"] = False
+    assert not phase_metrics(ph)["fidelity_valid"]
+
+
+def test_diagnose_shows_a_flow_without_a_viewer():
+    from lab.analysis.diagnose import render
+    flows = [{"id": i, "src": "h5", "dst": "cdn1", "path": ["leaf1"], "lost_bytes": 0,
+              "lost_on": None, "goodput_bps": g, "retransmits": 0, "stalls": st}
+             for i, g, st in (("incident/big2", 6e6, 1), ("incident/relay3", None, None))]
+    text = render({"scenario": "s", "policy": "p", "links": 1, "links_up": 1,
+                   "congested_link": None, "unexplained": {}, "flows": flows})
+    big, relay = text.splitlines()[-2:]
+    assert big.split()[-1] == "1" and "6.0 M" in big
+    assert relay.split()[-4:] == ["-", "-", "0", "-"], relay
 
 
 class _ThisMachine:

@@ -1,6 +1,6 @@
 """Real media for the streaming kind: an H.264 + AAC clip encoded once per machine, nginx with
 the RTMP module as the ingest media servers, the origin and the CDN nodes, and ffmpeg as the
-anchors' and the origin's pushers.
+pushers (the anchors', and the origin streams' into their media servers).
 
 Why these parts: they are what a live platform runs (RTMP ingest into nginx-rtmp, relays by
 stream name, HLS cut at keyframes), and each brings behaviour the lab's own sender does not
@@ -273,8 +273,8 @@ def wait_connection(fabric: Any, host: str, src: tuple[str, int], dst: tuple[str
 
 
 def push_argv(clip_path: Path, url: str) -> list[str]:
-    """An anchor's or the origin's pusher: the cached clip in a loop, in real time, copied
-    (no encoding during a run)."""
+    """An anchor's pusher, or an origin stream's into its media server: the cached clip in a
+    loop, in real time, copied (no encoding during a run)."""
     return ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "warning", "-re",
             "-stream_loop", "-1", "-i", str(clip_path), "-c", "copy", "-f", "flv", url]
 

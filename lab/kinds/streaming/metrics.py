@@ -40,6 +40,12 @@ def router_link_entries(rports: list[RouterPort], series: dict[RouterPort, Serie
     return entries
 
 
+#: A relay's entry keys that only a viewer could fill.
+RELAY_UNVIEWED = ("goodput_bps", "stalls", "stall_s", "frames_expected", "frames_lost",
+                  "lost_pct", "jitter_ms", "max_gap_s", "max_gap_start_unix", "end_reason",
+                  "received", "players", "playout")
+
+
 def flow_entry(s: Stream, ovs: dict, att: dict[str, str], adj: dict[str, dict[str, int]],
                router_hops: list[dict[str, Any]],
                reverse_hops: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -91,7 +97,19 @@ def flow_entry(s: Stream, ovs: dict, att: dict[str, str], adj: dict[str, dict[st
                                                 "startup_delay_s", "play_end_s",
                                                 "stall_events")},
     }
+    if s.relayed_by is not None:
+        entry["relayed_by"] = s.relayed_by
+    if s.relay_of is not None:
+        # No viewer of its own: what it delivered is watched at the end of the stream it
+        # feeds (``relay_of``), so nothing here is a viewer's.
+        entry["relay_of"] = s.relay_of
+        entry.update({k: None for k in RELAY_UNVIEWED})
     return entry
+
+
+def viewed(flows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The flows a viewer watched: all but the relays."""
+    return [f for f in flows if f.get("role") != "relay"]
 
 
 def router_path(intfs: dict[str, list[str]], port_at: dict[tuple[str, str], RouterPort],
@@ -169,8 +187,12 @@ def wan_fidelity(asked_ms: float, got: dict[str, float | None]
 
 
 def phase_metrics(ph: dict[str, Any]) -> dict[str, Any]:
-    """A phase's summary (frames lost, stalls, the hottest uplink), plus what explains it."""
-    flows = ph["flows"]
+    """A phase's summary (frames lost, stalls, the hottest uplink), plus what explains it.
+
+    Its streams are those a viewer watched; the relays feeding them (real media) are summed
+    apart (``relays``), so a relay is neither a stream nor a missing viewer."""
+    flows = viewed(ph["flows"])
+    relays = [f for f in ph["flows"] if f.get("role") == "relay"]
     uplinks = {ln["name"]: ln for ln in ph["links"] if ln.get("role") == "uplink"
                and ln["node"].startswith("border")}
     expected = sum(f["frames_expected"] for f in flows)
@@ -214,6 +236,9 @@ def phase_metrics(ph: dict[str, Any]) -> dict[str, Any]:
         }
     if any(f.get("players") for f in flows):
         out["players"] = players_summary(flows)
+    if relays:
+        out["relays"] = {"streams": len(relays), "bytes": sum(f["bytes"] for f in relays),
+                         "retransmits": sum(f["retransmits"] for f in relays)}
     return out
 
 

@@ -16,6 +16,9 @@ from lab.net.edgecontrol import FiveTuple
 PHASES = ("before-upgrade", "incident", "fix-hash", "fix-placement", "failover-link",
           "failover-border")
 PLAYER_PORT_BASE = 9000
+#: The origin's streams: what it sends across the edge, each to a CDN node. With real media
+#: each one reaches the origin first as a ``relay`` from an ingest media server.
+ORIGIN_ROLES = ("big", "normal")
 #: Keys a scenario may leave out: the media (see ``media.resolve``) and real media's GOP.
 OPTIONAL = ("phases", "streams.media", "streams.gop_s")
 DEFAULT_GOP_S = 1.0
@@ -46,11 +49,16 @@ SCHEMA: dict[str, Param] = {
 
 @dataclass
 class Stream:
-    """One live stream: who pushes it where, its 5-tuple and bitrate."""
+    """One live stream: who pushes it where, its 5-tuple and bitrate.
+
+    A ``relay`` is the hop before an origin stream (real media only): the media server's
+    nginx pushing that stream on to the origin. It has no viewer of its own - what it
+    delivers is watched at the end of the origin stream it feeds - so ``relay_of`` names
+    that stream, and the stream's ``relayed_by`` names the relay."""
 
     id: str
     phase: str
-    role: str            # ingest | big | normal
+    role: str            # ingest | big | normal | relay
     src: str
     dst: str
     src_ip: str
@@ -62,6 +70,8 @@ class Stream:
     stream_id: int
     index: int           # global index: its OVS watch cookies
     summary: dict[str, Any] = field(default_factory=dict)
+    relay_of: str | None = None
+    relayed_by: str | None = None
 
     @property
     def tuple(self) -> FiveTuple:
@@ -128,7 +138,12 @@ def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> None:
 
 def streams(topo_desc: dict[str, Any], params: dict[str, Any],
             rng: random.Random) -> list[Stream]:
-    """Every stream of every phase, 5-tuples drawn from the seed."""
+    """Every stream of every phase, 5-tuples drawn from the seed.
+
+    With real media every origin stream also has its ``relay``: published into an ingest
+    media server (the phase's servers in turn), whose nginx pushes it on to the origin. The
+    relays come last and draw their ports after every other stream, so the streams the
+    incident is about keep the 5-tuples the seed gave them without relays."""
     check(params, topo_desc)
     s, before, after = params["streams"], params["before"], params["after"]
     ips = {h["name"]: h["ip"] for h in topo_desc["hosts"]}
@@ -141,6 +156,7 @@ def streams(topo_desc: dict[str, Any], params: dict[str, Any],
     out: list[Stream] = []
     used: set[int] = set()
     real = resolve(params) == "real"
+    relayed: list[tuple[list[str], list[Stream]]] = []   # per phase: its servers, streams
     for p_index, phase in enumerate(phase_names(params)):
         early = phase == "before-upgrade"
         servers = before["servers"] if early else after["servers"]
@@ -166,13 +182,43 @@ def streams(topo_desc: dict[str, Any], params: dict[str, Any],
                               dport=RTMP_PORT if real else PLAYER_PORT_BASE + p_index,
                               rate_mbps=float(rate),
                               proto=s["proto"], stream_id=k + 1, index=len(out)))
+        relayed.append((media[:servers], out[len(out) - len(mix):]))
+    if real:
+        for servers_of, phase_streams in relayed:
+            out += relays(servers_of, phase_streams, ips, used, rng, len(out))
+    return out
+
+
+def relays(servers: list[str], phase_streams: list[Stream], ips: dict[str, str],
+           used: set[int], rng: random.Random, index: int) -> list[Stream]:
+    """A phase's relays: each origin stream from one of ``servers`` (in turn) to the origin,
+    at the stream's rate, on a source port no other stream of the run has (``used``, which
+    this adds to); numbered after the phase's other streams, counter cookies from ``index``."""
+    out = []
+    origin_streams = [st for st in phase_streams if st.role in ORIGIN_ROLES]
+    for j, st in enumerate(origin_streams):
+        port = rng.choice(FIXED_SPORTS)
+        while port in used:
+            port = rng.choice(FIXED_SPORTS)
+        used.add(port)
+        num = len(phase_streams) + j + 1
+        src = servers[j % len(servers)]
+        relay = Stream(id=f"{st.phase}/relay{num}", phase=st.phase, role="relay", src=src,
+                       dst=st.src, src_ip=ips[src], dst_ip=st.src_ip, sport=port,
+                       dport=RTMP_PORT, rate_mbps=st.rate_mbps, proto=st.proto,
+                       stream_id=num, index=index + len(out), relay_of=st.id)
+        st.relayed_by = relay.id
+        out.append(relay)
     return out
 
 
 def access_warnings(topo_desc: dict[str, Any], streams: list[Stream]) -> list[str]:
     """Where a phase's streams out of one host, or into one, add up to more than its access
     link: a warning before the start (the run still shows what happens), naming the host,
-    the phase and the key that sets the link's rate."""
+    the phase and the key that sets the link's rate.
+
+    Each way on its own: a link is shaped per direction, so the origin's relays coming in
+    do not take from the streams going out."""
     bw: dict[str, tuple[float, str]] = {}
     for ln in topo_desc["links"]:
         for end in ("a", "b"):

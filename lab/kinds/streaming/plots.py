@@ -43,7 +43,8 @@ def _stall_spec(sec: Section, run_dir: Path | None) -> Spec | Skipped:
     totals in result.json.
     """
     name = spec_name("stalls", sec)
-    streams = [f for f in sec.flows if f.get("kind") == "stream"]
+    # A relay has no viewer to stall (real media): its delivery is its stream's.
+    streams = [f for f in sec.flows if f.get("kind") == "stream" and f.get("role") != "relay"]
     if not streams:
         return Skipped(name, f"{sec.label}: no streams")
     rows = _playouts(streams, _player_streams(run_dir, sec.name))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lab import agents
 from lab.agents.common import cpu_seconds
 from lab.kinds.streaming import media
-from lab.kinds.streaming.plan import Stream
+from lab.kinds.streaming.plan import ORIGIN_ROLES, Stream
 from lab.machine import programs
 from lab.measure.routerstats import RouterPort
 from lab.model.errors import MachineError
@@ -48,7 +48,7 @@ class EdgePrograms:
         (``icmp_errors_use_inbound_ifaddr``), which names the uplink; max TTL 3 (dccore,
         border, ISP) so no probe reaches the CDN node.
         """
-        mine = [f for f in flows if f["role"] != "ingest"]
+        mine = [f for f in flows if f["role"] in ORIGIN_ROLES]
         if not mine:
             return
         by_addr = {a.split("/")[0]: (r["name"], intf) for r in self.desc["routers"]
@@ -132,7 +132,9 @@ class EdgePrograms:
     def programs_cpu(self, streams: list[Stream], servers_s: dict[str, float]
                      ) -> dict[str, Any]:
         """CPU seconds the phase's own programs used, per role: what a stream costs with
-        this media (``servers_s``: each media server's, over the phase)."""
+        this media (``servers_s``: each media server's, over the phase). A relay has no
+        program of its own (it is the media server's nginx), so it is not counted."""
+        streams = [s for s in streams if s.role != "relay"]
         send = [float((s.summary.get("sender") or {}).get("cpu_s") or 0.0) for s in streams]
         play = [float(s.summary.get("player_cpu_s") or 0.0) for s in streams]
         return {"media": self.media, "streams": len(streams),
@@ -147,24 +149,34 @@ class EdgePrograms:
         is published."""
         if self.media == "real":
             pushers = self.start_pushers(streams, work)
-            return [], self.start_viewers(streams, work, duration), pushers
+            # A relay is watched where the stream it feeds ends: it has no viewer.
+            viewed = [s for s in streams if s.role != "relay"]
+            return [], self.start_viewers(viewed, work, duration), pushers
         return self.start_senders(streams, work, duration), players, []
 
     def stop_pushers(self, streams: list[Stream], pushers: list[Any]) -> float:
         """Real pushers stream until stopped: stopped once the viewers have watched, so the
         window closes on drained queues as after a synthetic sender's end; their sockets'
-        and processes' counters read first. Returns when (monotonic)."""
-        for s, proc in zip(streams, pushers, strict=False):
+        and processes' counters read first. Returns when (monotonic).
+
+        ``pushers`` are ``start_pushers``' (one per stream but the relays, in order); the
+        relay feeding an origin stream has its socket read with the stream's."""
+        by_id = {s.id: s for s in streams}
+        pushed = [s for s in streams if s.role != "relay"]
+        for s, proc in zip(pushed, pushers, strict=False):
             s.summary["tcp"] = self.relay_tcp(s)
             s.summary["pusher"]["cpu_s"] = cpu_seconds(proc.pid)
+            if s.relayed_by is not None:
+                by_id[s.relayed_by].summary["tcp"] = self.relay_tcp(by_id[s.relayed_by])
         stopped = time.monotonic()
         media.stop(pushers)
         return stopped
 
     # -- real media ---------------------------------------------------------------------------
     def media_servers(self) -> list[media.Server]:
-        """nginx-rtmp on every media server (ingest), the origin and every CDN node; the
-        origin pushes each of its streams, by name, to the CDN node it is for."""
+        """nginx-rtmp on every media server (ingest), the origin and every CDN node; a media
+        server pushes each origin stream published into it, by name, to the origin (its
+        relay), and the origin pushes it on to the CDN node it is for."""
         ips = {h["name"]: h["ip"] for h in self.desc["hosts"] + self.desc["external_hosts"]}
         base = self.fabric.run_dir / "streams" / "servers"
         pushes: dict[str, dict[str, str]] = {}
@@ -173,38 +185,49 @@ class EdgePrograms:
                 pushes.setdefault(s.src, {})[stream_name(s)] = s.dst_ip
         roles = [(h["name"], "ingest") for h in self.desc["hosts"] if h.get("role") == "media"]
         roles += [(h["name"], "origin") for h in self.desc["hosts"] if h.get("role") == "origin"]
-        roles += sorted({(s.dst, "cdn") for s in self.streams if s.role != "ingest"})
+        roles += sorted({(s.dst, "cdn") for s in self.streams if s.role in ORIGIN_ROLES})
         return [media.Server(host=h, ip=ips[h], role=role, dir=base / h,
                              pushes=pushes.get(h, {})) for h, role in roles]
 
     def start_pushers(self, streams: list[Stream], work: Path) -> list[Any]:
-        """A phase's pushers, one after another, each stream's connection across the edge
-        (an anchor's into its media server, the origin's relay to the CDN node) on its
-        planned 5-tuple.
+        """A phase's pushers, one after another (one per stream but the relays, in order),
+        each connection across the network on its planned 5-tuple: an anchor's into its
+        media server; for an origin stream, its media server's relay to the origin and the
+        origin's push on to the CDN node.
 
-        Neither ffmpeg nor nginx's relay can choose a source port, so the sending host's
-        ephemeral range is narrowed to the stream's one port while it connects (the range
-        is per namespace, and a port may serve several destinations), then put back. The
-        counters, hash seeds and pins then hold for the real connections as planned.
+        Neither ffmpeg nor nginx's relay can choose a source port, so each sending host's
+        ephemeral range is narrowed to its connection's one port while it connects (the
+        range is per namespace, and a port may serve several destinations: the local
+        publish into the media server takes the relay's too), then put back. The counters,
+        hash seeds and pins then hold for the real connections as planned.
         """
+        relays = {s.relay_of: s for s in streams if s.relay_of is not None}
         procs = []
         for s in streams:
-            # An ingest stream's pusher is its anchor; an origin stream is published into
-            # the origin's own server, which relays it by name towards its CDN node.
-            url_ip = s.dst_ip if s.role == "ingest" else s.src_ip
+            if s.role == "relay":
+                continue
+            # An anchor publishes across the edge into its media server; an origin stream's
+            # ffmpeg publishes into its media server's own nginx, which relays it by name to
+            # the origin's, which pushes it on.
+            hops = [s] if s.role == "ingest" else [relays[s.id], s]
+            at = hops[0].src
+            url_ip = s.dst_ip if s.role == "ingest" else hops[0].src_ip
             argv = media.push_argv(self.clips[s.rate_mbps],
                                    f"rtmp://{url_ip}:{media.RTMP_PORT}/live/{stream_name(s)}")
-            node = self.host(s.src)
-            node.cmd(f"sysctl -qw net.ipv4.ip_local_port_range='{s.sport} {s.sport}'")
             try:
+                for h in hops:
+                    self.host(h.src).cmd("sysctl -qw net.ipv4.ip_local_port_range="
+                                         f"'{h.sport} {h.sport}'")
                 t0, epoch = time.monotonic(), time.time()
-                proc = programs.spawn(self.fabric, s.src, argv,
+                proc = programs.spawn(self.fabric, at, argv,
                                       work / f"{s.stream_id}.push.log", f"ffmpeg pusher {s.id}")
                 procs.append(proc)
-                media.wait_connection(self.fabric, s.src, (s.src_ip, s.sport),
-                                      (s.dst_ip, s.dport), proc, f"stream {s.id}")
+                for h in hops:
+                    media.wait_connection(self.fabric, h.src, (h.src_ip, h.sport),
+                                          (h.dst_ip, h.dport), proc, f"stream {h.id}")
             finally:
-                node.cmd(f"sysctl -qw {EPHEMERAL_SYSCTL}")
+                for h in hops:
+                    self.host(h.src).cmd(f"sysctl -qw {EPHEMERAL_SYSCTL}")
             s.summary = {"pusher": {"t0_monotonic": t0, "publish_epoch": epoch,
                                     "pid": proc.pid}}
         return procs
@@ -222,7 +245,8 @@ class EdgePrograms:
                    "--url", f"rtmp://{s.dst_ip}:{media.RTMP_PORT}/live/{stream_name(s)}",
                    "--duration", f"{duration:g}", "--fps", f"{fps:g}",
                    "--publish-epoch", f"{s.summary['pusher']['publish_epoch']:.6f}",
-                   "--ready-file", str(rf), "--out", str(work / f"{s.stream_id}.view.json")]
+                   "--ready-file", str(rf), "--out", str(work / f"{s.stream_id}.view.json"),
+                   *self.live_file_args(work, s.stream_id, "view")]
             procs.append(programs.spawn(self.fabric, s.dst, cmd,
                                         work / f"{s.stream_id}.view.log", f"viewer {s.id}"))
             ready.append(rf)
@@ -248,7 +272,8 @@ class EdgePrograms:
                     continue
                 rf = work / f"{s.stream_id}.{what}.ready"
                 cmd = [*agents.command(agent), *common, "--ready-file", str(rf),
-                       "--out", str(work / f"{s.stream_id}.{what}.json")]
+                       "--out", str(work / f"{s.stream_id}.{what}.json"),
+                       *self.live_file_args(work, s.stream_id, what)]
                 procs.append(programs.spawn(self.fabric, s.dst, cmd,
                                             work / f"{s.stream_id}.{what}.log",
                                             f"viewer {what} {s.id}"))
@@ -257,8 +282,8 @@ class EdgePrograms:
 
     def relay_tcp(self, s: Stream) -> dict[str, Any]:
         """The stream's sending socket as the kernel saw it (``ss -ti``): retransmits and
-        the congestion control's state, from the pusher's side (the origin's relay for an
-        origin stream)."""
+        the congestion control's state, from the pusher's side (nginx's: the origin's push
+        for an origin stream, the media server's for a relay)."""
         out = self.host(s.src).cmd(f"ss -tinH state established 'src {s.src_ip}:{s.sport} "
                                    f"dst {s.dst_ip}:{s.dport}'")
         info: dict[str, Any] = {}
@@ -271,7 +296,11 @@ class EdgePrograms:
         return info
 
     def read_view(self, s: Stream, work: Path, stopped: float) -> dict[str, Any]:
-        """A real stream's summary: its viewer's, and its pusher's times and socket."""
+        """A real stream's summary: its viewer's, and its pusher's times and socket. A relay
+        has only its socket: no viewer, and its pusher is the stream's it feeds."""
+        if s.role == "relay":
+            return {"player": None, "players": None, "player_cpu_s": 0.0,
+                    "sender": {"media": "real", "tcp": s.summary.get("tcp", {})}}
         viewer_cpu = 0.0
         try:
             view = json.loads((work / f"{s.stream_id}.view.json").read_text())
@@ -325,6 +354,7 @@ def player_line(summary: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def stream_name(s: Stream) -> str:
-    """A stream's RTMP name: unique in the run (the phase is part of it), so the origin's
-    relays can be configured for the whole run at once."""
-    return s.id.replace("/", "-")
+    """A stream's RTMP name: unique in the run (the phase is part of it), so the servers'
+    pushes can be configured for the whole run at once. A relay carries the name of the
+    origin stream it feeds."""
+    return (s.relay_of or s.id).replace("/", "-")

@@ -21,7 +21,8 @@ from lab.agents.common import cpu_seconds
 from lab.kinds.base import Plan, Progress
 from lab.kinds.streaming import media, metrics
 from lab.kinds.streaming.failover import EdgeFailover
-from lab.kinds.streaming.plan import Stream, access_warnings, phase_names
+from lab.kinds.streaming.liveview import EdgeLiveView
+from lab.kinds.streaming.plan import ORIGIN_ROLES, Stream, access_warnings, phase_names
 from lab.kinds.streaming.programs import EdgePrograms
 from lab.kinds.streaming.setup import EdgeSetup
 from lab.machine.progress import Ticker
@@ -106,12 +107,13 @@ def keep_logs(work: Path, out_dir: Path) -> None:
         shutil.copytree(work / "streams", out_dir / "streams", dirs_exist_ok=True)
 
 
-class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
+class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover, EdgeLiveView):
     """The running edge: fabric, routers, counters; runs one phase after the other.
 
     Its parts by what a phase does: set up the routing (``EdgeSetup``), start the streams'
-    programs and probe their paths (``EdgePrograms``), cut and restore (``EdgeFailover``);
-    here the bring-up and the phase itself, inside one measurement window."""
+    programs and probe their paths (``EdgePrograms``), cut and restore (``EdgeFailover``),
+    show the viewers' lanes in a live view (``EdgeLiveView``); here the bring-up and the
+    phase itself, inside one measurement window."""
 
     def __init__(self, plan: Plan, fabric: Fabric, progress: Progress,
                  prepared: dict[str, Any]) -> None:
@@ -254,14 +256,17 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
         window.open()
         t_unix = time.time()
         senders, players, pushers = self.start_streams(streams, work, duration, players)
-        self.progress(f"[{phase}] {len(streams)} streams for {duration:g} s "
-                      f"(uplinks {config['uplink_bw_mbps']:g} Mbit/s)")
+        relays = sum(1 for s in streams if s.role == "relay")
+        self.progress(f"[{phase}] {len(streams) - relays} streams"
+                      + (f" (and {relays} relays to the origin)" if relays else "")
+                      + f" for {duration:g} s (uplinks {config['uplink_bw_mbps']:g} Mbit/s)")
         # The phase's wall clock start: a report puts the players' timelines and the
         # links' series on one axis with it.
         events: dict[str, Any] = {"phase_start_unix": t_unix}
         if phase.startswith("failover"):
             events = self.failover(phase, config, t_unix)
-        with Ticker(duration, f"[{phase}] streaming"):
+        with Ticker(duration, f"[{phase}] streaming"), \
+                self.viewer_lanes(work, [s for s in streams if s.role != "relay"] if real else []):
             for proc in senders + players:
                 try:
                     proc.wait(timeout=duration + 30)
@@ -314,11 +319,14 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover):
     def flow_entry(self, s: Stream, ovs: dict, nft: dict) -> dict[str, Any]:
         """``s``'s entry in result.json, its hops between routers from the routers' counters."""
         key = (s.src_ip, s.dst_ip, s.proto, s.sport, s.dport)
-        start = CORE if s.role != "ingest" else self.isp_of(s.src)
+        # Where it would meet the routers: an anchor's push at its ISP, anything from the DC
+        # at dccore (a relay, from a media server to the origin inside the fabric, never
+        # reaches it: its counters there stay empty).
+        start = self.isp_of(s.src) if s.role == "ingest" else CORE
         router_hops = metrics.router_path(self.intfs, self.port_at, key, start, nft)
         # The other way (its ACKs, a player's requests): from where the stream ends.
         back = (s.dst_ip, s.src_ip, s.proto, s.dport, s.sport)
-        back_start = self.isp_of(s.dst) if s.role != "ingest" else CORE
+        back_start = self.isp_of(s.dst) if s.role in ORIGIN_ROLES else CORE
         reverse_hops = metrics.router_path(self.intfs, self.port_at, back, back_start, nft)
         return metrics.flow_entry(s, ovs, self.att, self.adj, router_hops, reverse_hops)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from controllers.marking import htb_class_args
-from lab.kinds.streaming.plan import Stream
+from lab.kinds.streaming.plan import ORIGIN_ROLES, Stream
 from lab.measure.routerstats import RouterPort
 from lab.model.errors import MachineError
 from lab.net import edgecontrol
@@ -71,7 +71,8 @@ class EdgeSetup:
         self.uplink_bw = bw
 
     def egress(self, phase: str) -> list[Stream]:
-        return [s for s in self.streams if s.phase == phase and s.role != "ingest"]
+        """The phase's streams leaving through the edge: the origin's."""
+        return [s for s in self.streams if s.phase == phase and s.role in ORIGIN_ROLES]
 
     def peer_of(self, node: str, intf: str) -> tuple[str, str]:
         p = self.port_at[(node, intf)]
