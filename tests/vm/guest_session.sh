@@ -9,6 +9,10 @@ POLICIES=${2:-hash5 hash-l3 hash5-tier ovs-select}   # ecmp-basic's, space-separ
 # full: every scenario below; ci: the part CI has time for (doctor, the link tests,
 # ecmp-basic, the kill), the rest is in bench/vm_lane.py and make test-vm.
 LANE=${3:-full}
+# The real-media incident's TCG profile: one media server, two big streams at twice the rate
+# (the same overload of the hot uplink as four at the scenario's rate, half the programs).
+STREAMING_REAL_SETS="--set topology.servers=1 --set before.servers=1 --set after.servers=1
+    --set after.big_streams=2 --set after.normal_streams=0 --set streams.big_mbps=12"
 PY=$(. /etc/fabriclab/env && echo "$VENV")/bin/python
 step() {   # step NAME CMD...: run, log, keep the exit status
     local name=$1; shift
@@ -30,6 +34,11 @@ if [ "$LANE" = full ]; then
     step incast fabriclab run incast-ecn --out "$OUT/incast"
     step streaming fabriclab run streaming-incident --set phases=before-upgrade,incident \
         --out "$OUT/streaming"
+    # Real media (ffmpeg, nginx-rtmp, real viewers) on the full kernel, with fewer streams:
+    # under TCG every process's start and every frame cost the emulator's CPU, not the
+    # network's (docs/kinds/streaming.md, "Real media in the VM").
+    step streaming-real fabriclab run streaming-incident --set streams.media=real \
+        --set phases=before-upgrade,incident $STREAMING_REAL_SETS --out "$OUT/streaming-real"
     step allreduce fabriclab run allreduce-ecmp --out "$OUT/allreduce"
 fi
 
