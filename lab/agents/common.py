@@ -13,18 +13,21 @@ This runs inside hosts: standard library only, nothing of the lab.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import os
 import signal
 import socket
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 #: The signals the lab stops an agent with; both end it cleanly, with its summary written.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: prctl(2) option: the signal a process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
 
 
 class StopRequestedError(Exception):
@@ -273,3 +276,23 @@ class LiveFile:
             self.writes += 1
         except OSError:
             self.failures += 1
+
+
+def pdeathsig_setter() -> Callable[[int], None]:
+    """What a child of an agent calls between fork and its work (or exec), with its parent's
+    PID: the kernel then SIGKILLs it when the parent dies, and it exits at once if the parent
+    already has (it died before the call). So not even a SIGKILLed agent leaves a child
+    behind. ``prctl`` is looked up here, in the parent before the fork: a child forked from
+    a threaded process should not load anything before it execs."""
+    try:
+        prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        prctl = None
+
+    def die_with(parent: int) -> None:
+        if prctl is None:
+            return
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+    return die_with

@@ -6,6 +6,10 @@ finish before its slowest hop has carried its share, so one congested or ECMP-co
 stalls *every* GPU; that is what the lab reproduces and measures. The JSON this writes is
 described in :mod:`lab.agents.worker`.
 
+With ``--storage`` the rank has an input pipeline (:mod:`lab.agents.loader`) and a step first
+waits for its batch, as a real one does: a step is then data wait + compute + the all-reduce's
+exposed part (what runs past the compute's end) + barrier, and those four add up to the step.
+
 This runs inside hosts: standard library only, nothing of the lab.
 """
 
@@ -21,6 +25,7 @@ import time
 from typing import Any
 
 from lab.agents.common import TOTAL_RETRANS_OFFSET, congestion_control, tcp_u32
+from lab.agents.loader import Loader
 from lab.agents.workerbase import (
     LOWAT_BYTES,
     CollectiveError,
@@ -251,6 +256,11 @@ class RingRank:
         self.conn: dict[str, Any] | None = None
         self.cc: str | None = args.cc
         self.t_ready: float | None = None
+        self.loader: Loader | None = None
+        if args.storage:
+            self.loader = Loader(args.storage, args.bind, args.loader_sports, args.prefetch,
+                                 args.batch_bytes, args.cpu_ms,
+                                 args.steps * max(1, len(self.sweep)))
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -298,10 +308,12 @@ class RingRank:
             self.link.allreduce(self.buckets[0])
             return t_compute_end, t_compute_end, now()
         parts = len(self.buckets)
-        for b in range(parts):
+        for b in range(parts - 1):
             _sleep_until(t_start + compute * (b + 1) / parts)
             self.worker.submit(b)
-        t_compute_end = now()
+        _sleep_until(t_start + compute)
+        t_compute_end = now()  # before the last bucket leaves: comm then ends after compute
+        self.worker.submit(parts - 1)
         t_comm_start, t_comm_end = self.worker.wait(parts)
         return t_compute_end, t_comm_start, t_comm_end
 
@@ -314,12 +326,16 @@ class RingRank:
             self.buckets = [self.sweep[step // per]]
             warmup = step % per < self.args.warmup
         retrans0 = tcp_u32(self.link.out, TOTAL_RETRANS_OFFSET)
-        t_start = now()
-        t_compute_end, t_comm_start, t_comm_end = self._communicate(t_start, self._compute_time())
+        t_start = t_batch = now()
+        batch = None
+        if self.loader is not None:
+            batch = self.loader.next_batch(self.args.io_timeout_s)
+            t_batch = now()
+        t_compute_end, t_comm_start, t_comm_end = self._communicate(t_batch, self._compute_time())
         self.link.barrier()
         t_end = now()
-        compute_s, step_s = t_compute_end - t_start, t_end - t_start
-        return {
+        compute_s, step_s = t_compute_end - t_batch, t_end - t_start
+        entry = {
             "step": step, "epoch": epoch, "warmup": warmup,
             "size_bytes": len(self.buckets) * len(self.buckets[0]),
             "t_start": stamp(t_start), "t_compute_end": stamp(t_compute_end),
@@ -330,10 +346,16 @@ class RingRank:
             "idle_s": stamp(step_s - compute_s),
             "retrans": tcp_u32(self.link.out, TOTAL_RETRANS_OFFSET) - retrans0,
         }
+        if batch is not None:  # the decomposition: the four parts add up to step_s
+            entry |= {"t_batch": stamp(t_batch), "data_wait_s": stamp(t_batch - t_start),
+                      "exposed_comm_s": stamp(t_comm_end - t_compute_end), "batch": batch}
+        return entry
 
     def run(self) -> None:
         """Listen, connect, line up with the other ranks, then run every step."""
         a = self.args
+        if self.loader is not None:  # first: its workers are forked, and no thread runs yet
+            self.loader.start(now() + a.connect_timeout_s)
         self.listener = listen(a.listen, backlog=16)
         if a.buckets > 1:
             self.worker = CommWorker(self.link, self.buckets)
@@ -350,10 +372,14 @@ class RingRank:
                 self.link.barrier()
             self.steps.append(self._step(step, epoch))
         self._close_epoch()
+        if self.loader is not None:
+            self.loader.finish()
 
     def close(self) -> None:
         """Clean up after a normal end or a failure: record the open connection, close all."""
         self._close_epoch(graceful=False)
+        if self.loader is not None:
+            self.loader.stop()
         if self.worker is not None:
             self.worker.stop()
         if self.listener is not None:
@@ -371,5 +397,6 @@ class RingRank:
             "epoch_steps": a.epoch_steps, "warmup": a.warmup,
             "t_ready": None if self.t_ready is None else stamp(self.t_ready),
             "steps": self.steps, "connections": self.connections,
+            "loader": None if self.loader is None else self.loader.summary(),
             "cpu_s": cpu_s(), "error": error,
         }

@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import selectors
 import shutil
@@ -93,6 +92,7 @@ from lab.agents.common import (
     catch_signals,
     cpu_seconds,
     ignore_signals,
+    pdeathsig_setter,
     positive_float,
     write_json,
 )
@@ -115,8 +115,6 @@ ANALYZE_US = 10_000_000
 RW_TIMEOUT_US = 5_000_000
 #: How much of ffprobe's stderr is kept for the summary.
 STDERR_KEEP = 4000
-#: prctl(2) option: a signal the child gets when its parent dies.
-_PR_SET_PDEATHSIG = 1
 
 
 def ffprobe_argv(url: str, ffprobe: str = "ffprobe") -> list[str]:
@@ -141,17 +139,11 @@ def _child_setup(mask: set[signal.Signals], parent: int) -> Callable[[], None]:
     """What ffprobe runs between fork and exec: the signal mask the parent had before it
     blocked SIGTERM/SIGINT around the fork (a mask survives exec), and death with its
     parent, so that not even a SIGKILLed viewer leaves an ffprobe behind."""
-    try:
-        prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        prctl = None
+    die_with = pdeathsig_setter()
 
     def setup() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-            if os.getppid() != parent:
-                os._exit(1)
+        die_with(parent)
     return setup
 
 

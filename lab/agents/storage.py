@@ -16,6 +16,10 @@ With ``--ready-file`` the client connects, says ready and starts its clock on th
 (:mod:`lab.agents.golatch`): every GPU's checkpoints then start together, as a job's do. Started
 one after another, eight clients' checkpoints were spread over a second and covered most
 steps, so the steps "outside" a checkpoint were too few to compare.
+
+The server also serves a training rank's input batches (:mod:`lab.agents.loader`): a
+connection that opens with ``B`` asks for batches, each an 8-byte big-endian length answered
+with that many bytes, so a batch's fetch time is a real request over the fabric.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +52,14 @@ def _addr(text: str) -> tuple[str, int]:
 def serve(listen: str, out: Path) -> int:
     """Accept clients until SIGTERM: ``R <bps>`` streams paced reads, ``W`` absorbs writes."""
     stop = threading.Event()
-    totals = {"read_bytes": 0, "written_bytes": 0, "connections": 0}
+    totals = {"read_bytes": 0, "written_bytes": 0, "connections": 0, "batch_bytes": 0,
+              "batches": 0}
     lock = threading.Lock()
+
+    def count_batch(nbytes: int) -> None:
+        with lock:
+            totals["batches"] += 1
+            totals["batch_bytes"] += nbytes
 
     def handle(conn: socket.socket) -> None:
         with conn:
@@ -73,6 +84,8 @@ def serve(listen: str, out: Path) -> int:
                     sent += 8192
                 with lock:
                     totals["read_bytes"] += sent
+            elif head.startswith(b"B"):
+                _serve_batches(conn, stop, count_batch)
             else:
                 buf = bytearray(CHUNK)
                 got = 0
@@ -99,6 +112,35 @@ def serve(listen: str, out: Path) -> int:
         threading.Thread(target=handle, args=(conn,), daemon=True).start()
     out.write_text(json.dumps(totals))
     return 0
+
+
+def _serve_batches(conn: socket.socket, stop: threading.Event,
+                   count: Callable[[int], None]) -> None:
+    """Answer each 8-byte big-endian length with that many bytes, until the client closes.
+
+    One request at a time, as a dataset worker reads one sample file after another: the
+    batch's fetch time is then a request's round trip plus its transfer, as on a real store.
+    """
+    head = bytearray(8)
+    while not stop.is_set():
+        got = 0
+        while got < 8:
+            try:
+                n = conn.recv_into(memoryview(head)[got:])
+            except OSError:
+                return
+            if not n:
+                return
+            got += n
+        left = want = int.from_bytes(head, "big")
+        try:
+            while left > 0:
+                n = min(left, CHUNK)
+                conn.sendall(_BUF[:n])
+                left -= n
+        except OSError:
+            return
+        count(want)
 
 
 def _connect(server: str, bind: str, sport: int, timeout_s: float) -> socket.socket:

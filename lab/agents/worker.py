@@ -18,7 +18,9 @@ Command lines::
     python -m lab.agents.worker ring --rank R --world N --listen IP:PORT --next IP:PORT \\
         --bind IP --sports P1[,P2...] --size BYTES --steps K [--warmup 1] [--compute-s 0.1] \\
         [--jitter-s 0] [--seed 0] [--straggler-rank -1] [--straggler-s 0] [--buckets 1] \\
-        [--epoch-steps 0] [--cc NAME] [--connect-timeout-s 30] [--io-timeout-s 60] [--out FILE]
+        [--epoch-steps 0] [--cc NAME] [--connect-timeout-s 30] [--io-timeout-s 60] [--out FILE] \\
+        [--storage IP:PORT[,IP:PORT...] --loader-sports P1[,P2...] [--loader-workers 1] \\
+        [--prefetch 2] [--batch-bytes 262144] [--cpu-ms 0]]
     python -m lab.agents.worker incast-sink --listen IP:PORT --senders M --burst BYTES \\
         --steps K [--gap-s 0.05] [--connect-timeout-s 30] [--io-timeout-s 60] [--out FILE]
     python -m lab.agents.worker incast-send --connect IP:PORT --bind IP --sport P [--cc NAME] \\
@@ -49,6 +51,26 @@ congestion control in use), ``clock: "monotonic"``, ``t_ready`` (start barrier d
   t_end − t_comm_end, ``step_s``, ``idle_s`` = step_s − compute_s (the GPU not computing), and
   ``retrans`` (segments retransmitted on the outgoing connection during the step). Without
   overlap step_s = compute_s + comm_s + barrier_s; with ``--buckets`` > 1 comm overlaps compute.
+  With an input pipeline (``--storage``) a step starts by waiting for its batch, and adds
+  ``t_batch`` (batch in hand; compute starts then), ``data_wait_s`` = t_batch − t_start,
+  ``exposed_comm_s`` = t_comm_end − t_compute_end (the all-reduce beyond the compute's end:
+  all of comm_s without overlap) and ``batch`` (``index``, ``worker``, ``queue_depth``: batches
+  ready over all loader workers when the rank asked, 0 = the queue was empty; ``ready``: this
+  batch was in hand at the ask; ``fetch_s``, ``prep_cpu_s``, ``prep_wall_s``, ``t_ready``).
+  compute_s is then t_compute_end − t_batch, and step_s = data_wait_s + compute_s +
+  exposed_comm_s + barrier_s exactly: the data wait, the GPU computing, the network holding
+  the GPU, and the wait for the slowest rank.
+* ``loader``: null without ``--storage``; else ``workers``, ``prefetch``, ``batch_bytes``,
+  ``cpu_ms``, ``storage``, ``steps``, ``queue_empty_steps`` (steps whose ask found no batch
+  ready), ``data_wait_s`` (total), and ``per_worker``: ``worker``, ``pid``, ``storage``,
+  ``batches`` and ``bytes`` taken by the rank, ``fetch_s``, ``prep_cpu_s`` (preprocessing CPU
+  the worker measured), ``prep_wall_s`` (the same preprocessing in wall time: longer on a busy
+  host), ``cpu_s`` (the whole worker process, from the kernel), ``exit`` (its exit status;
+  −9: killed), and its storage connection as in ``connections`` (no ``epoch``). Worker i
+  connects from ``--bind`` and the i-th ``--loader-sports`` port to storage host i mod S,
+  each a ``storage serve`` (:mod:`lab.agents.storage`) answering batch requests. Batch i comes
+  from worker i mod N; ``--prefetch`` K batches are requested per worker (PyTorch's
+  ``prefetch_factor``), each worker fetches ``--batch-bytes`` then burns ``--cpu-ms`` of CPU.
 * ``connections``: one per epoch, the connection this rank opened to the next rank (all the
   data it sends): ``epoch``, ``src``, ``sport``, ``dst``, ``dport``, ``t_open``, ``t_close``,
   ``cc`` and the TCP_INFO fields of :data:`lab.agents.common.TCP_INFO_FIELDS` read just
@@ -163,6 +185,10 @@ def _ips(text: str) -> list[str]:
     return ips
 
 
+def _addrs(text: str) -> list[tuple[str, int]]:
+    return [_addr(part.strip()) for part in text.split(",") if part.strip()]
+
+
 def _check_cc(cc: str | None) -> None:
     """An unknown congestion control is bad input: say so before anything starts."""
     if not cc:
@@ -217,7 +243,30 @@ def validate_ring(a: argparse.Namespace) -> None:
                          f"epochs of {a.epoch_steps} need {epochs}")
     if len(set(a.sports)) != len(a.sports) or not all(0 < p < 65536 for p in a.sports):
         raise UsageError("sports", f"must be distinct ports 1..65535, got {a.sports}")
+    _check_loader(a)
     _check_common(a)
+
+
+def _check_loader(a: argparse.Namespace) -> None:
+    """The input pipeline's options: one source port per worker, none shared with the ring."""
+    if not a.storage:
+        if a.loader_sports:
+            raise UsageError("loader_sports", "given without --storage (no loader to use them)")
+        return
+    for name in ("loader_workers", "prefetch", "batch_bytes"):
+        if getattr(a, name) < 1:
+            raise UsageError(name, f"must be >= 1, got {getattr(a, name)}")
+    if not a.cpu_ms >= 0:
+        raise UsageError("cpu_ms", f"must be >= 0, got {a.cpu_ms}")
+    sports = a.loader_sports or []
+    if len(sports) != a.loader_workers:
+        raise UsageError("loader_sports", f"{len(sports)} source port(s) given for "
+                         f"{a.loader_workers} loader worker(s): one each")
+    if len(set(sports)) != len(sports) or not all(0 < p < 65536 for p in sports):
+        raise UsageError("loader_sports", f"must be distinct ports 1..65535, got {sports}")
+    if shared := set(sports) & set(a.sports):
+        raise UsageError("loader_sports", f"{sorted(shared)} also in --sports (one 5-tuple, "
+                         "one connection)")
 
 
 def _check_sizes(a: argparse.Namespace, multiple: int, what: str) -> None:
@@ -337,6 +386,22 @@ def _sweep_flag() -> argparse.ArgumentParser:
     return p
 
 
+def _loader_flags(ring: argparse.ArgumentParser) -> None:
+    """The ring's input pipeline (:mod:`lab.agents.loader`), modelled on PyTorch's DataLoader."""
+    ring.add_argument("--storage", type=_addrs, help="storage hosts IP:PORT,... serving batches "
+                      "(storage serve): gives the rank a data loader")
+    ring.add_argument("--loader-workers", type=int, default=1,
+                      help="loader worker processes (num_workers)")
+    ring.add_argument("--prefetch", type=int, default=2,
+                      help="batches requested ahead per worker (prefetch_factor)")
+    ring.add_argument("--batch-bytes", type=int, default=256 * 1024,
+                      help="bytes a worker fetches per batch")
+    ring.add_argument("--cpu-ms", type=float, default=0.0,
+                      help="CPU milliseconds a worker burns preprocessing a batch")
+    ring.add_argument("--loader-sports", type=_ports,
+                      help="source ports of the workers' storage connections, one per worker")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The workers' subcommands, built from parent parsers so that a flag two workers
     share is defined once."""
@@ -354,6 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     ring.add_argument("--epoch-steps", type=int, default=0,
                       help="reconnect from the next source port every E steps (0: never)")
     ring.add_argument("--cc", help="TCP congestion control (default: the system's)")
+    _loader_flags(ring)
 
     sub.add_parser("gloo", help="one rank of the same job on PyTorch's gloo",
                    parents=[rank, gloo, sweep, common])
