@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 from lab.agents.common import STOP_SIGNALS, pdeathsig_setter
+from lab.agents.storage import BATCH_HELLO, BATCH_LENGTH
 from lab.agents.workerbase import (
     CollectiveError,
     connect,
@@ -45,10 +46,6 @@ from lab.agents.workerbase import (
     stamp,
 )
 
-#: What a worker says first on its storage connection: "serve me batches" (``storage serve``).
-BATCH_HELLO = b"B\n"
-#: A batch request on the storage connection: its length in bytes, big-endian.
-LENGTH = struct.Struct("!Q")
 #: Rank → worker: the index of a batch to make.
 REQUEST = struct.Struct("=q")
 #: Worker → rank: index, bytes, request taken, bytes in, preprocessed (monotonic), CPU burnt.
@@ -116,7 +113,7 @@ def _read_exact(fd: int, size: int) -> bytes | None:
 
 def _fetch(sock: socket.socket, buf: memoryview, nbytes: int) -> None:
     """Ask the storage host for ``nbytes`` and receive them all."""
-    sock.sendall(LENGTH.pack(nbytes))
+    sock.sendall(BATCH_LENGTH.pack(nbytes))
     left = nbytes
     while left:
         n = sock.recv_into(buf[:min(left, len(buf))])

@@ -42,6 +42,10 @@ from lab.agents import golatch
 
 CHUNK = 64 * 1024
 _BUF = bytes(CHUNK)
+#: The first line of a connection that asks for batches (a loader worker's), and each batch
+#: request on it: its length in bytes, big-endian, answered with that many bytes.
+BATCH_HELLO = b"B\n"
+BATCH_LENGTH = struct.Struct("!Q")
 
 
 def _addr(text: str) -> tuple[str, int]:
@@ -84,7 +88,7 @@ def serve(listen: str, out: Path) -> int:
                     sent += 8192
                 with lock:
                     totals["read_bytes"] += sent
-            elif head.startswith(b"B"):
+            elif head == BATCH_HELLO:
                 _serve_batches(conn, stop, count_batch)
             else:
                 buf = bytearray(CHUNK)
@@ -121,10 +125,10 @@ def _serve_batches(conn: socket.socket, stop: threading.Event,
     One request at a time, as a dataset worker reads one sample file after another: the
     batch's fetch time is then a request's round trip plus its transfer, as on a real store.
     """
-    head = bytearray(8)
+    head = bytearray(BATCH_LENGTH.size)
     while not stop.is_set():
         got = 0
-        while got < 8:
+        while got < BATCH_LENGTH.size:
             try:
                 n = conn.recv_into(memoryview(head)[got:])
             except OSError:
@@ -132,7 +136,8 @@ def _serve_batches(conn: socket.socket, stop: threading.Event,
             if not n:
                 return
             got += n
-        left = want = int.from_bytes(head, "big")
+        (want,) = BATCH_LENGTH.unpack(head)
+        left = want
         try:
             while left > 0:
                 n = min(left, CHUNK)
