@@ -190,8 +190,7 @@ LIVE_EVERY_S = 0.5
 
 
 def add_viewer_arguments(p: argparse.ArgumentParser, *, url_help: str, ready_help: str,
-                         epoch_help: str = "gives delay and live latency",
-                         live_file: bool = True) -> None:
+                         epoch_help: str = "gives delay and live latency") -> None:
     """The options every viewer (``rtmpview``, ``hlsview``, ``hlsjsview``) takes alike, so
     that the lab starts each with the same words and they mean the same thing in all."""
     p.add_argument("--url", required=True, help=url_help)
@@ -202,11 +201,10 @@ def add_viewer_arguments(p: argparse.ArgumentParser, *, url_help: str, ready_hel
                    help=f"wall-clock time (unix s) the publisher sent PTS 0: {epoch_help}")
     p.add_argument("--ready-file", help=ready_help)
     p.add_argument("--out", help="summary JSON file (default: stdout)")
-    if live_file:
-        p.add_argument("--live-file", default=None,
-                       help="while watching, rewrite this JSON file (atomically, at most every "
-                            f"{LIVE_EVERY_S:g} s) with the player's state so far, times in "
-                            "CLOCK_MONOTONIC seconds (for a live view)")
+    p.add_argument("--live-file", default=None,
+                   help="while watching, rewrite this JSON file (atomically, at most every "
+                        f"{LIVE_EVERY_S:g} s) with the player's state so far, times in "
+                        "CLOCK_MONOTONIC seconds (for a live view)")
 
 
 def live_state(*, agent: str, stream_id: int, t0: float, now: float,

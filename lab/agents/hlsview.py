@@ -382,12 +382,8 @@ class Viewer:
             return
         rec = self.recording()
         fps, _ = self.fps(rec)
-        if final:
-            stop = self.stop_t if self.stop_t is not None else now - self.t0
-            watch = viewing.Watch(self.join_ns / 1e9, stop, a.duration, self.end_reason)
-            now = self.t0 + stop
-        else:
-            watch = viewing.Watch(self.join_ns / 1e9, now - self.t0, a.duration, "duration")
+        watch, now = viewing.live_watch(self.join_ns / 1e9, self.t0, now, a.duration,
+                                        self.stop_t, self.end_reason, final)
         self.live_file.write(viewing.live(rec, agent="hlsview", stream_id=a.stream_id,
                                            fps=fps, startup_ms=a.startup_ms,
                                            rebuffer_ms=a.rebuffer_ms, watch=watch,

@@ -103,6 +103,7 @@ from lab.agents.viewing import (
     Recording,
     Watch,
     live,
+    live_watch,
     summarize,
 )
 from lab.agents.workerbase import cpu_s
@@ -251,12 +252,8 @@ class Viewer:
         a = self.args
         if self.live_file.path is None:
             return
-        if final:
-            stop = self.stop_t if self.stop_t is not None else now - self.t0
-            watch = Watch(self.join_ns / 1e9, stop, a.duration, self.end_reason)
-            now = self.t0 + stop
-        else:
-            watch = Watch(self.join_ns / 1e9, now - self.t0, a.duration, "duration")
+        watch, now = live_watch(self.join_ns / 1e9, self.t0, now, a.duration, self.stop_t,
+                                self.end_reason, final)
         self.live_file.write(live(self.rec, agent="rtmpview", stream_id=a.stream_id,
                                   fps=a.fps, startup_ms=a.startup_ms,
                                   rebuffer_ms=a.rebuffer_ms, watch=watch, t0=self.t0,

@@ -279,6 +279,17 @@ def play(rec: Recording, fps: float, startup_ms: float, rebuffer_ms: float, watc
     return stats, idx, restarts, key_slot, before_key
 
 
+def live_watch(join_unix: float, t0: float, now: float, duration: float,
+               stop_s: float | None, end_reason: str, final: bool) -> tuple[Watch, float]:
+    """The watch a live write models, and the moment it speaks for: so far, the watch
+    ending ``now``; ``final`` (the viewer has stopped), the summary's own watch, ending
+    when the viewer stopped (``stop_s`` since ``t0``, or ``now`` if it never said)."""
+    if final:
+        stop = stop_s if stop_s is not None else now - t0
+        return Watch(join_unix, stop, duration, end_reason), t0 + stop
+    return Watch(join_unix, now - t0, duration, "duration"), now
+
+
 def live(rec: Recording, *, agent: str, stream_id: int, fps: float, startup_ms: float,
          rebuffer_ms: float, watch: Watch, t0: float, now: float,
          final: bool = False) -> dict[str, Any]:
