@@ -74,6 +74,11 @@ class Stream:
     relayed_by: str | None = None
 
     @property
+    def viewed(self) -> bool:
+        """Whether a viewer of its own watches it: all but a relay."""
+        return self.relay_of is None
+
+    @property
     def tuple(self) -> FiveTuple:
         return FiveTuple(self.src_ip, self.dst_ip, self.proto, self.sport, self.dport)
 

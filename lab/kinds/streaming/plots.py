@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from lab.kinds.streaming.metrics import viewed
 from lab.plotting.plots import Skipped, Spec, spec_name, spec_title
 from lab.plotting.sections import Section, dict_of, dicts_of, flow_label, num
 
@@ -44,7 +45,7 @@ def _stall_spec(sec: Section, run_dir: Path | None) -> Spec | Skipped:
     """
     name = spec_name("stalls", sec)
     # A relay has no viewer to stall (real media): its delivery is its stream's.
-    streams = [f for f in sec.flows if f.get("kind") == "stream" and f.get("role") != "relay"]
+    streams = [f for f in viewed(sec.flows) if f.get("kind") == "stream"]
     if not streams:
         return Skipped(name, f"{sec.label}: no streams")
     rows = _playouts(streams, _player_streams(run_dir, sec.name))

@@ -134,7 +134,7 @@ class EdgePrograms:
         """CPU seconds the phase's own programs used, per role: what a stream costs with
         this media (``servers_s``: each media server's, over the phase). A relay has no
         program of its own (it is the media server's nginx), so it is not counted."""
-        streams = [s for s in streams if s.role != "relay"]
+        streams = [s for s in streams if s.viewed]
         send = [float((s.summary.get("sender") or {}).get("cpu_s") or 0.0) for s in streams]
         play = [float(s.summary.get("player_cpu_s") or 0.0) for s in streams]
         return {"media": self.media, "streams": len(streams),
@@ -150,7 +150,7 @@ class EdgePrograms:
         if self.media == "real":
             pushers = self.start_pushers(streams, work)
             # A relay is watched where the stream it feeds ends: it has no viewer.
-            viewed = [s for s in streams if s.role != "relay"]
+            viewed = [s for s in streams if s.viewed]
             return [], self.start_viewers(viewed, work, duration), pushers
         return self.start_senders(streams, work, duration), players, []
 
@@ -162,7 +162,7 @@ class EdgePrograms:
         ``pushers`` are ``start_pushers``' (one per stream but the relays, in order); the
         relay feeding an origin stream has its socket read with the stream's."""
         by_id = {s.id: s for s in streams}
-        pushed = [s for s in streams if s.role != "relay"]
+        pushed = [s for s in streams if s.viewed]
         for s, proc in zip(pushed, pushers, strict=False):
             s.summary["tcp"] = self.relay_tcp(s)
             s.summary["pusher"]["cpu_s"] = cpu_seconds(proc.pid)
@@ -204,7 +204,7 @@ class EdgePrograms:
         relays = {s.relay_of: s for s in streams if s.relay_of is not None}
         procs = []
         for s in streams:
-            if s.role == "relay":
+            if not s.viewed:
                 continue
             # An anchor publishes across the edge into its media server; an origin stream's
             # ffmpeg publishes into its media server's own nginx, which relays it by name to
@@ -298,7 +298,7 @@ class EdgePrograms:
     def read_view(self, s: Stream, work: Path, stopped: float) -> dict[str, Any]:
         """A real stream's summary: its viewer's, and its pusher's times and socket. A relay
         has only its socket: no viewer, and its pusher is the stream's it feeds."""
-        if s.role == "relay":
+        if not s.viewed:
             return {"player": None, "players": None, "player_cpu_s": 0.0,
                     "sender": {"media": "real", "tcp": s.summary.get("tcp", {})}}
         viewer_cpu = 0.0

@@ -256,7 +256,7 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover, EdgeLiveView):
         window.open()
         t_unix = time.time()
         senders, players, pushers = self.start_streams(streams, work, duration, players)
-        relays = sum(1 for s in streams if s.role == "relay")
+        relays = sum(1 for s in streams if not s.viewed)
         self.progress(f"[{phase}] {len(streams) - relays} streams"
                       + (f" (and {relays} relays to the origin)" if relays else "")
                       + f" for {duration:g} s (uplinks {config['uplink_bw_mbps']:g} Mbit/s)")
@@ -266,7 +266,7 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover, EdgeLiveView):
         if phase.startswith("failover"):
             events = self.failover(phase, config, t_unix)
         with Ticker(duration, f"[{phase}] streaming"), \
-                self.viewer_lanes(work, [s for s in streams if s.role != "relay"] if real else []):
+                self.viewer_lanes(work, [s for s in streams if s.viewed] if real else []):
             for proc in senders + players:
                 try:
                     proc.wait(timeout=duration + 30)
