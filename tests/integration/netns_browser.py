@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +183,31 @@ class NetnsBrowser:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+
+def live_port(run: Any, timeout_s: float) -> int:
+    """The port a run started with ``--live`` (a ``RunWatcher``) says its page is on."""
+    run.wait_for("live view: ", timeout=timeout_s)
+    found = re.search(r"live view: http://127\.0\.0\.1:(\d+)/", run.output())
+    assert found is not None, run.output()
+    return int(found.group(1))
+
+
+def live_pages(run: Any, port: int, profile: Path, size: tuple[int, int], read: str,
+               watch_s: float = 240) -> Iterator[tuple[NetnsBrowser, dict[str, Any]]]:
+    """Read a live run's page over and over (``read``: a script that returns the page's
+    state as JSON) in a browser of its own: each read once the page has loaded, with the
+    browser (for a screenshot), until the page says the run ended and the run has exited,
+    or ``watch_s`` has passed."""
+    with NetnsBrowser(port, f"http://127.0.0.1:{port}/", profile, size) as browser:
+        deadline = time.monotonic() + watch_s
+        while time.monotonic() < deadline:
+            page = json.loads(browser.evaluate(read) or "null")
+            if page is not None and "state" in page:      # not about:blank any more
+                yield browser, page
+                if page["state"] == "ended" and run.proc.poll() is not None:
+                    return
+            time.sleep(0.2)
 
 if __name__ == "__main__":
     sys.exit(relay(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]))

@@ -10,7 +10,6 @@ the utilisation it drew it for, a few times a second, and a screenshot mid-traff
 from __future__ import annotations
 
 import json
-import re
 import socket
 import subprocess
 import time
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from tests.integration.netns_browser import CHROMIUM, NetnsBrowser
+from tests.integration.netns_browser import CHROMIUM, live_pages, live_port
 from tests.integration.support import BUSY, RunWatcher, retry_while_busy
 
 #: What the test reads of the page: its state, phase, and each link's colour and utilisation.
@@ -44,25 +43,15 @@ def watch(out: Path, shot: Path) -> tuple[RunWatcher, int, list[tuple[float, dic
     port, the page's states (time, state) and whether a screenshot was taken."""
     run = RunWatcher("ecmp-one-pair", "--policy", "hash-l3", "--duration", "4", "--live",
                      "--out", str(out))
-    run.wait_for("live view: ", timeout=60)
-    port = int(re.search(r"live view: http://127\.0\.0\.1:(\d+)/", run.output()).group(1))
+    port = live_port(run, 60)
     seen: list[tuple[float, dict]] = []
     shot_taken = False
-    with NetnsBrowser(port, f"http://127.0.0.1:{port}/", out.parent / "profile",
-                      SIZE) as browser:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            page = json.loads(browser.evaluate(READ_PAGE) or "null")
-            if page is not None and "state" in page:      # not about:blank any more
-                seen.append((time.monotonic(), page))
-                utils = [float(u) for _, u in page["arcs"].values() if u]
-                if (not shot_taken and page["phase"] == "traffic"
-                        and max(utils, default=0.0) > 0.6):
-                    browser.screenshot(shot)
-                    shot_taken = True
-                if page["state"] == "ended" and run.proc.poll() is not None:
-                    break
-            time.sleep(0.2)
+    for browser, page in live_pages(run, port, out.parent / "profile", SIZE, READ_PAGE):
+        seen.append((time.monotonic(), page))
+        utils = [float(u) for _, u in page["arcs"].values() if u]
+        if not shot_taken and page["phase"] == "traffic" and max(utils, default=0.0) > 0.6:
+            browser.screenshot(shot)
+            shot_taken = True
     return run, port, seen, shot_taken
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import pytest
 
 from lab.kinds.streaming import media
 from lab.net import frr
-from tests.integration.netns_browser import CHROMIUM, NetnsBrowser
+from tests.integration.netns_browser import CHROMIUM, live_pages, live_port
 from tests.integration.support import BUSY, RunWatcher, retry_while_busy
 
 pytestmark = [
@@ -50,19 +49,8 @@ def watch(out: Path) -> tuple[RunWatcher, list[dict[str, Any]]]:
     """Run the incident with --live; read the page until the run has ended."""
     run = RunWatcher("streaming-incident", "--set", "phases=incident", "--duration",
                      str(DURATION_S), "--live", "--out", str(out))
-    run.wait_for("live view: ", timeout=120)
-    port = int(re.search(r"live view: http://127\.0\.0\.1:(\d+)/", run.output()).group(1))
-    seen: list[dict[str, Any]] = []
-    with NetnsBrowser(port, f"http://127.0.0.1:{port}/", out.parent / "profile",
-                      SIZE) as browser:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            page = json.loads(browser.evaluate(READ_PAGE) or "null")
-            if page is not None and "state" in page:      # not about:blank any more
-                seen.append(page)
-                if page["state"] == "ended" and run.proc.poll() is not None:
-                    break
-            time.sleep(0.2)
+    port = live_port(run, 120)
+    seen = [page for _, page in live_pages(run, port, out.parent / "profile", SIZE, READ_PAGE)]
     return run, seen
 
 
