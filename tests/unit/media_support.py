@@ -58,12 +58,18 @@ def nginx(root: Path, role: str) -> Iterator[media.Server]:
 
 
 def collect_live(path: Path, proc: subprocess.Popen[bytes], timeout: float,
+                 kill: tuple[subprocess.Popen[bytes], float] | None = None,
                  ) -> list[dict[str, Any]]:
     """Every distinct state a viewer's live file held, read every 50 ms until ``proc``
-    (a ``subprocess.Popen``) exits; each read must be a whole JSON document."""
+    (a ``subprocess.Popen``) exits; each read must be a whole JSON document. ``kill``: a
+    publisher and a ``time.monotonic()`` moment, when it is SIGKILLed (by PID) while the
+    viewer watches."""
     seen: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if kill is not None and time.monotonic() >= kill[1]:
+            kill[0].kill()
+            kill = None
         done = proc.poll() is not None
         if path.exists():
             doc = json.loads(path.read_text())

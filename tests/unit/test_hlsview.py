@@ -25,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from itertools import pairwise
@@ -269,12 +268,7 @@ def test_the_hls_live_file_follows_the_player_and_ends_as_the_summary(
     live_file = tmp_path / "hls.live.json"
     t_start = time.monotonic()
     view, view_out, _ = _agent("hlsview", tmp_path, url, 10.0, None, live_file=live_file)
-    killer = threading.Timer(5.5, lambda: os.kill(pusher.pid, signal.SIGKILL))
-    killer.start()
-    try:
-        seen = collect_live(live_file, view, 25)
-    finally:
-        killer.cancel()
+    seen = collect_live(live_file, view, 25, kill=(pusher, time.monotonic() + 5.5))
     t_end = time.monotonic()
     doc = _finish(view, view_out, 10)
     [s] = doc["streams"]

@@ -20,7 +20,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -229,13 +228,7 @@ def test_the_live_file_follows_the_player_and_ends_as_the_summary(publish: Publi
     t_start = time.monotonic()
     viewer, out, ready = _view(tmp_path, url, 6.0, live_file=live_file)
     until(ready.exists, 5, "ready file")
-    killer = threading.Timer(max(0.0, t_start + 3.5 - time.monotonic()),
-                             lambda: os.kill(pusher.pid, signal.SIGKILL))
-    killer.start()
-    try:
-        seen = collect_live(live_file, viewer, 20)
-    finally:
-        killer.cancel()
+    seen = collect_live(live_file, viewer, 20, kill=(pusher, t_start + 3.5))
     t_end = time.monotonic()
     doc = _finish(viewer, out, 10)
     [s] = doc["streams"]
