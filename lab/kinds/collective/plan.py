@@ -78,6 +78,13 @@ SCHEMA: dict[str, Param] = {
     "storage.checkpoint_bytes": Param(int, 1, 1 << 30),
     "storage.every_s": Param(float, 0.1, 600),
     "storage.first_at_s": Param(float, 0, 600),
+    # a ring rank's input pipeline (lab.agents.loader), reading batches from storage.hosts
+    # a bool, not a mode: YAML reads a bare on/off as true/false
+    "loader.enabled": Param(bool),
+    "loader.workers": Param(int, 1, 32),
+    "loader.prefetch": Param(int, 1, 64),
+    "loader.batch_bytes": Param(int, 1, 1 << 28),
+    "loader.cpu_ms": Param(float, 0, 60_000),
     "ecn.marking": Param(str, choices=("off", "step", "red")),
     "ecn.k_rule": Param(str, choices=("fixed", "dctcp")),
     "ecn.ports": Param(list),
@@ -102,6 +109,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "placement": {"hosts": "packed", "paths": "hash", "receiver": ""},
     "storage": {"mode": "off", "hosts": [], "read_mbps": 1.0, "checkpoint_bytes": 2 << 20,
                 "every_s": 2.5, "first_at_s": 1.0},
+    # PyTorch's DataLoader defaults where it has them (prefetch_factor 2); off: no input wait
+    "loader": {"enabled": False, "workers": 2, "prefetch": 2, "batch_bytes": 256 * 1024,
+               "cpu_ms": 0.0},
     # k_rule "fixed": step at k_bytes; "dctcp": step at the K DCTCP's guidance gives for the
     # marked port's rate and the job's measured RTT (controllers.marking.dctcp_k_bytes).
     "ecn": {"marking": "off", "ports": [], "k_bytes": 30_000, "kmin_bytes": 20_000,
@@ -194,6 +204,7 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
             raise ScenarioError(f("storage.hosts"), f"no host {h!r} in the topology")
     if pp["storage"]["mode"] != "off" and not pp["storage"]["hosts"]:
         raise ScenarioError(f("storage.hosts"), "storage traffic needs at least one host")
+    check_loader(pp, f)
     free = sum(len(hs) for hs in candidate_hosts(topo_desc, pp).values())
     if n > free:
         raise ScenarioError(f("job.workers"), f"{n} workers need {n} hosts; the topology "
@@ -224,6 +235,21 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
                             "receiver; set job.pattern: incast")
     if pp["microburst"]["senders"] > n - 1:
         raise ScenarioError(f("microburst.senders"), f"at most {n - 1} (the job's senders)")
+
+
+def check_loader(pp: dict[str, Any], f: Any) -> None:
+    """A data loader reads from the storage hosts, into the lab's own ring's ranks: the
+    agent that waits for its batches is ``lab.agents.ring``, not gloo's or the incast's."""
+    if not pp["loader"]["enabled"]:
+        return
+    job = pp["job"]
+    if job["library"] != "synthetic" or job["pattern"] != "ring":
+        raise ScenarioError(f("loader.enabled"), "the data loader feeds the synthetic ring's "
+                            "ranks (job.library: synthetic, job.pattern: ring), not "
+                            f"{job['library']} {job['pattern']}")
+    if not pp["storage"]["hosts"]:
+        raise ScenarioError(f("storage.hosts"), "the data loader reads its batches from "
+                            "storage hosts; name at least one")
 
 
 def check_sizes(job: dict[str, Any], f: Any) -> None:
@@ -444,7 +470,8 @@ def cluster_refusal(plan: Plan) -> tuple[str, str] | None:
     for name, pp in check(plan.params, plan.topo_desc).items():
         for field, value, runs in (("job.library", pp["job"]["library"], "synthetic"),
                                    ("job.pattern", pp["job"]["pattern"], "ring"),
-                                   ("storage.mode", pp["storage"]["mode"], "off")):
+                                   ("storage.mode", pp["storage"]["mode"], "off"),
+                                   ("loader.enabled", pp["loader"]["enabled"], False)):
             if value != runs:
                 return (field, f"{value} (phase {name}): a cluster runs {field} {runs} so "
                         "far; its programs' ready files and captures are read on the head")
