@@ -21,6 +21,7 @@ from typing import Any
 
 from controllers.marking import tcp_wire_ceiling_bps
 from lab.kinds.base import PhaseCounts, Plan, phased_part
+from lab.kinds.collective import gpuwait
 from lab.model.stats import percentile
 
 
@@ -313,6 +314,8 @@ def phase_line(mt: dict[str, Any]) -> str:
         line += (f"; DDP fwd {d['fwd_p50_s'] * 1000:.0f} bwd {d['bwd_p50_s'] * 1000:.0f} "
                  f"all-reduce {d['comm_p50_s'] * 1000:.0f} ms, {d['buckets']} buckets, "
                  f"{d['overlap_fraction'] * 100:.0f}% overlapped")
+    if mt.get("gpu_wait"):
+        line += gpuwait.line(mt["gpu_wait"])
     if mt.get("retransmits") is not None:
         line += f", {mt['retransmits']} retransmits"
     if mt.get("ce_marked"):
@@ -337,7 +340,8 @@ def assemble(plan: Plan, phases: dict[str, Any], loss: float,
         duration_s=p["duration_s"], links=p["links"], flows=p["flows"],
         cpu_idle_min_pct=p["metrics"]["cpu_idle_min_pct"],
         lab_cpu_pct=p["metrics"]["lab_cpu_pct"], valid=p["metrics"]["fidelity_valid"],
-        details={k: p[k] for k in ("duration_s", "links", "flows", "cpu_idle_pct")})
+        details={k: p[k] for k in ("duration_s", "links", "flows", "cpu_idle_pct", "gpu_wait")
+                 if k in p})
         for n, p in phases.items()}
     part = phased_part(plan, counts, first, metrics, notes=notes, valid=loss == 0,
                        fidelity={"step_clock": "time.monotonic (ns resolution)"})

@@ -78,20 +78,28 @@ class JobPrograms:
                     raise MachineError("storage", f"{h}: `{cmd}` failed: {text.strip()}")
             count_wire_bytes(node.pid, wire_qdiscs(dev, None))
 
-    def start_storage(self, pp: dict[str, Any], conns: list[Conn], work: Path,
-                      duration_s: float
-                      ) -> tuple[list[subprocess.Popen], list[subprocess.Popen], list[Path]]:
-        """Storage servers, then one client per GPU, connected and held until
-        :func:`lab.machine.programs.go`; returns the servers, the clients and their ready files."""
-        st = pp["storage"]
+    def start_storage_servers(self, pp: dict[str, Any], work: Path) -> list[subprocess.Popen]:
+        """One ``storage serve`` per storage host, listening before this returns.
+
+        The same server answers a client's reads and checkpoints and a data loader's batch
+        requests (each connection says which it is), so a phase with a loader starts them
+        even when ``storage.mode`` is off: its only storage traffic is then the batches.
+        """
         procs = []
-        for srv in st["hosts"]:
+        for srv in pp["storage"]["hosts"]:
             procs.append(self.spawn(srv, [*agents.command("storage"), "serve",
                                           "--listen", f"{self.ips[srv]}:{planning.STORAGE_PORT}",
                                           "--out", str(work / f"storage-{srv}.json")],
                                     work / f"storage-{srv}.log", f"storage server {srv}"))
-        for srv in st["hosts"]:
+        for srv in pp["storage"]["hosts"]:
             self.wait_listening(srv, planning.STORAGE_PORT)
+        return procs
+
+    def start_storage(self, pp: dict[str, Any], conns: list[Conn], work: Path,
+                      duration_s: float) -> tuple[list[subprocess.Popen], list[Path]]:
+        """One storage client per GPU (the servers are up), connected and held until
+        :func:`lab.machine.programs.go`; returns the clients and their ready files."""
+        st = pp["storage"]
         by_rank: dict[int, dict[str, Conn]] = {}
         for c in conns:
             by_rank.setdefault(c.rank, {})[c.spec.kind] = c
@@ -109,7 +117,7 @@ class JobPrograms:
                 "--duration-s", str(duration_s), "--out", str(work / f"client{r}.json"),
                 "--ready-file", str(work / f"client{r}.ready")],
                 work / f"client{r}.log", f"storage client {r}"))
-        return procs, clients, [work / f"client{r}.ready" for r in sorted(by_rank)]
+        return clients, [work / f"client{r}.ready" for r in sorted(by_rank)]
 
     def wait_listening(self, host: str, port: int, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -121,7 +129,7 @@ class JobPrograms:
 
     # -- the job --------------------------------------------------------------------------------
     def start_ring(self, pp: dict[str, Any], hosts: list[str], conns: list[Conn],
-                   work: Path) -> list[subprocess.Popen]:
+                   work: Path, lconns: list[Conn]) -> list[subprocess.Popen]:
         job = pp["job"]
         n = len(hosts)
         procs = []
@@ -139,7 +147,7 @@ class JobPrograms:
                     "--straggler-rank", str(job["straggler_rank"]),
                     "--straggler-s", str(job["straggler_s"]), "--buckets", str(job["buckets"]),
                     "--epoch-steps", str(job["epoch_steps"]), "--cc", job["cc"],
-                    *sweep_args(job),
+                    *sweep_args(job), *loader_args(pp, [c for c in lconns if c.rank == r]),
                     "--connect-timeout-s", "20", "--out", str(work / f"rank{r}.json")]
             procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"ring rank {r}"))
         return procs
@@ -236,6 +244,21 @@ class JobPrograms:
 def sweep_args(job: dict[str, Any]) -> list[str]:
     """``--sizes`` for a size sweep, nothing otherwise."""
     return ["--sizes", ",".join(map(str, job["sizes"]))] if job["sizes"] else []
+
+
+def loader_args(pp: dict[str, Any], conns: list[Conn]) -> list[str]:
+    """A rank's data loader options from its planned connections, nothing without a loader.
+
+    Worker i reads from the i-th ``--storage`` address from the i-th ``--loader-sports``
+    port: one address per worker, so the plan, not the agent, says which host serves it.
+    """
+    if not conns:
+        return []
+    ld = pp["loader"]
+    return ["--storage", ",".join(f"{c.spec.src_ip}:{c.spec.sport}" for c in conns),
+            "--loader-sports", ",".join(str(c.spec.dport) for c in conns),
+            "--loader-workers", str(ld["workers"]), "--prefetch", str(ld["prefetch"]),
+            "--batch-bytes", str(ld["batch_bytes"]), "--cpu-ms", str(ld["cpu_ms"])]
 
 
 def wait(proc: subprocess.Popen, timeout_s: float) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.kinds.base import Plan
-from lab.kinds.collective import gloo
+from lab.kinds.collective import gloo, gpuwait
 from lab.kinds.collective import metrics as jm
 from lab.kinds.collective.plan import Conn
 from lab.kinds.collective.programs import load
@@ -73,7 +73,7 @@ class JobReadout:
     def phase_result(self, ph: Phase, d: Drive) -> dict[str, Any]:
         """The phase's links, flows (paths from the switches' counters) and metrics."""
         pp, window, work = ph.pp, d.window, ph.work
-        all_conns = ph.conns + ph.sconns
+        all_conns = ph.conns + ph.sconns + ph.lconns
         outputs = self.read_outputs(pp, ph.hosts, ph.conns, work)
         self.attach_results(ph.conns, outputs)
         flows = flow_entries([c.spec for c in all_conns], window.flow_deltas(), self.topo,
@@ -117,9 +117,16 @@ class JobReadout:
             (work / "receiver.pcap").unlink(missing_ok=True)   # captures are not kept
         if d.bursts is not None:
             metrics["microburst"] = d.bursts
-        return {"duration_s": round(window.measured_s, 3), "links": links, "flows": flows,
-                "metrics": metrics, "cpu_idle_pct": judged["cpu_idle_pct"],
-                "outputs": outputs}
+        out = {"duration_s": round(window.measured_s, 3), "links": links, "flows": flows,
+               "metrics": metrics, "cpu_idle_pct": judged["cpu_idle_pct"],
+               "outputs": outputs}
+        if pp["loader"]["enabled"]:
+            ranks = gpuwait.rank_details(outputs)
+            metrics["gpu_wait"] = gpuwait.summary(ranks)
+            # what each storage host served: its batches' bytes are the loaders' bytes
+            out["gpu_wait"] = {"ranks": ranks, "storage": {
+                srv: load(work / f"storage-{srv}.json") for srv in pp["storage"]["hosts"]}}
+        return out
 
     @staticmethod
     def gloo_summary(ph: Phase, outputs: list[dict[str, Any]],

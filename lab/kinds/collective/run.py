@@ -140,7 +140,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
     def drive(self, name: str, ph: Phase) -> Drive:
         """The job's programs (and storage's) from start to exit, inside one window."""
         pp, job, work = ph.pp, ph.pp["job"], ph.work
-        estimate = self.estimate_s(job)
+        estimate = self.estimate_s(job, pp["loader"])
         bridges = [s["name"] for s in self.topo["switches"]]
         sampler = telemetry.Sampler(self.ports, hz=float(pp["sample_hz"]),
                                     controller=self.fabric.controller)
@@ -164,10 +164,11 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             d.tcp0 = {h: tcp_counters(self.host(h)) for h in watched_hosts}
             clients: list[subprocess.Popen] = []
             storage_ready: list[Path] = []
+            if ph.sconns or ph.lconns:
+                procs += self.start_storage_servers(pp, work)
             if ph.sconns:
-                servers, clients, storage_ready = self.start_storage(pp, ph.sconns, work,
-                                                                     estimate)
-                procs += servers + clients
+                clients, storage_ready = self.start_storage(pp, ph.sconns, work, estimate)
+                procs += clients
             if job["pattern"] == "incast":
                 rx = ph.conns[0].spec.dst
                 d.capture = ecnwire.start_capture(self.host(rx).popen,
@@ -178,7 +179,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             elif gloo_ranks:
                 workers = gloo_ranks
             else:
-                workers = self.start_ring(pp, ph.hosts, ph.conns, work)
+                workers = self.start_ring(pp, ph.hosts, ph.conns, work, ph.lconns)
             if storage_ready or gloo_ready:   # every GPU's checkpoints together, with the job
                 programs.go(storage_ready + gloo_ready, clients + gloo_ranks)
             procs += [p for p in workers if p not in procs]
@@ -210,11 +211,14 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             sampler.stop()
         return d
 
-    def estimate_s(self, job: dict[str, Any]) -> float:
+    def estimate_s(self, job: dict[str, Any], loader: dict[str, Any]) -> float:
         """How long the job may take before it counts as hung: every step's compute, plus
-        its bytes at a quarter of the slowest link's rate, plus a margin."""
+        its bytes at a quarter of the slowest link's rate, plus a margin; with a loader,
+        every batch's preprocessing and bytes as if one worker made them all."""
         slowest = min(self.bw.values())
-        return job["steps"] * sum(job["compute_s"] + job["straggler_s"] + 2.0
+        batch_s = (loader["cpu_ms"] / 1000 + 4 * loader["batch_bytes"] * 8 / slowest
+                   if loader["enabled"] else 0.0)
+        return job["steps"] * sum(job["compute_s"] + job["straggler_s"] + 2.0 + batch_s
                                   + 4 * 2 * size * 8 / slowest
                                   for size in job["sizes"] or [job["size_bytes"]]) + 20
 

@@ -13,7 +13,7 @@ import copy
 import random
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,9 @@ def parse_ping_min_ms(text: str) -> float | None:
 
 @dataclass
 class Phase:
-    """A phase's settings on the fabric: placed workers, planned connections, paths pinned,
-    the marking and the DCTCP K rule it was given."""
+    """A phase's settings on the fabric: placed workers, planned connections (the job's,
+    storage's, the data loaders'), paths pinned, the marking and the DCTCP K rule it was
+    given."""
 
     pp: dict[str, Any]
     work: Path
@@ -56,6 +57,7 @@ class Phase:
     pinned: list[dict[str, Any]]
     marking: dict[str, Any] | None
     k_rule: dict[str, Any] | None
+    lconns: list[Conn] = field(default_factory=list)
 
 
 class JobSetup:
@@ -113,6 +115,29 @@ class JobSetup:
                                 dport=sport if what == "read" else planning.STORAGE_PORT,
                                 rate_bps=st["read_mbps"] * 1e6 if what == "read" else 0.0,
                                 kind=f"storage-{what}", cc=pp["job"]["cc"])
+                conns.append(Conn(spec, r, 0, self.next_index))
+                self.next_index += 1
+        return conns
+
+    def loader_conns(self, pp: dict[str, Any], hosts: list[str]) -> list[Conn]:
+        """Each rank's loader workers' storage connections, one per worker, with a source
+        port of its own: worker i of rank r reads from storage host (r + i) mod S, so the
+        ranks' first workers do not all queue on the first storage host.
+
+        The batches flow from the server, so a connection's spec is seen from the server's
+        side (as a storage read's is); a rank's connections are in its workers' order.
+        """
+        ld, st = pp["loader"], pp["storage"]
+        if not ld["enabled"]:
+            return []
+        conns = []
+        for r, h in enumerate(hosts):
+            for i in range(ld["workers"]):
+                srv = st["hosts"][(r + i) % len(st["hosts"])]
+                spec = FlowSpec(id=f"load{r}w{i}", src=srv, dst=h, src_ip=self.ips[srv],
+                                dst_ip=self.ips[h], proto="tcp", sport=planning.STORAGE_PORT,
+                                dport=self.sports.pop(), rate_bps=0.0, kind="loader",
+                                cc=pp["job"]["cc"])
                 conns.append(Conn(spec, r, 0, self.next_index))
                 self.next_index += 1
         return conns
@@ -224,6 +249,7 @@ class JobSetup:
         hosts = planning.place_workers(self.topo, pp, self.rng)
         conns = self.conns_for(pp, hosts)
         sconns = self.storage_conns(pp, hosts)
+        lconns = self.loader_conns(pp, hosts)
         pinned = self.set_paths(pp, conns)
         k_rule = None
         if pp["ecn"]["k_rule"] == "dctcp" and pp["ecn"]["marking"] == "step":
@@ -233,6 +259,6 @@ class JobSetup:
         ecn_flag = 1 if pp["job"]["ecn"] else 0
         for h in {*hosts, *pp["storage"]["hosts"]}:
             self.host(h).cmd(f"sysctl -qw net.ipv4.tcp_ecn={ecn_flag}")
-        watch = [e for c in conns + sconns for e in c.spec.watch_entries(c.index)]
+        watch = [e for c in conns + sconns + lconns for e in c.spec.watch_entries(c.index)]
         self.request({"cmd": "watch", "flows": watch})
-        return Phase(pp, work, hosts, conns, sconns, pinned, marking, k_rule)
+        return Phase(pp, work, hosts, conns, sconns, pinned, marking, k_rule, lconns)

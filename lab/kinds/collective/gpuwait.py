@@ -1,0 +1,86 @@
+"""Who made the GPUs wait: a ring step split into its parts, from the ranks' own records.
+
+With a data loader (``loader.enabled``), every rank's step is the wait for its input batch,
+the compute, the all-reduce's exposed part and the wait for the slowest rank, stamped on
+one monotonic clock by the rank itself (``lab.agents.ring``), so the four add up to the
+step. Per phase this keeps every rank's parts per step (``phase_details.<phase>.gpu_wait``)
+and sums them into shares of step time (``metrics.phases.<phase>.gpu_wait``): the share a
+diagnosis reads to say which part grew, and the loader's queue-empty steps that say the
+input pipeline, not the storage link, could not keep up.
+
+Pure functions over the ranks' JSON, so the tests can check them without a network.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: A step's parts, in the order a step lives them.
+PARTS = ("data_wait_s", "compute_s", "exposed_comm_s", "barrier_s")
+#: How far the parts' sum may be from the step's time, relative: the rank stamps each
+#: boundary once (rounded to the microsecond), so anything beyond rounding is a bug.
+ADD_UP_REL_TOL = 0.02
+
+
+def step_parts(rec: dict[str, Any]) -> dict[str, Any]:
+    """One rank's step: its parts, its time, how full the loader's queue was at the ask,
+    and how far the parts' sum is from the step's time (relative)."""
+    row = {"step": rec["step"], "warmup": bool(rec.get("warmup")),
+           **{p: rec[p] for p in PARTS}, "step_s": rec["step_s"],
+           "queue_depth": (rec.get("batch") or {}).get("queue_depth")}
+    total = sum(rec[p] for p in PARTS)
+    row["residual"] = round(abs(total - rec["step_s"]) / rec["step_s"], 6) \
+        if rec["step_s"] > 0 else 0.0
+    return row
+
+
+def rank_details(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rank: every step's parts (steps without a batch, e.g. a rank with no loader,
+    are left out) and its loader's own record (parameters, per-worker bytes and CPU)."""
+    out = []
+    for r, o in enumerate(outputs):
+        steps = [step_parts(rec) for rec in o.get("steps") or []
+                 if isinstance(rec, dict) and all(p in rec for p in PARTS)]
+        out.append({"rank": o.get("rank", r), "steps": steps, "loader": o.get("loader")})
+    return out
+
+
+def summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A phase's parts over its measured (non-warm-up) steps of every rank.
+
+    A share is Σ part / Σ step time over ranks and steps: the mean share weighted by step
+    time, so a long step counts as long as it was (as ``gpu_idle_fraction`` does); the GPU
+    idles for every part but the compute. ``queue_empty_steps``: measured rank-steps whose
+    ask found no batch ready.
+    """
+    rows = [s for rk in ranks for s in rk["steps"] if not s["warmup"]]
+    total = sum(s["step_s"] for s in rows)
+    shares = {p.removesuffix("_s"): round(sum(s[p] for s in rows) / total, 4) if total else 0.0
+              for p in PARTS}
+    empty = sum(1 for s in rows if s["queue_depth"] == 0)
+    worst = max((s["residual"] for s in rows), default=0.0)
+    per_rank = []
+    for rk in ranks:
+        ld = rk["loader"] or {}
+        workers = ld.get("per_worker") or []
+        per_rank.append({"rank": rk["rank"], "queue_empty_steps": ld.get("queue_empty_steps"),
+                         "data_wait_s": ld.get("data_wait_s"),
+                         "batch_bytes": sum(w.get("bytes") or 0 for w in workers),
+                         "prep_cpu_s": round(sum(w.get("prep_cpu_s") or 0 for w in workers), 6),
+                         "prep_wall_s": round(sum(w.get("prep_wall_s") or 0
+                                                  for w in workers), 6)})
+    return {"rank_steps": len(rows), "share": shares,
+            "gpu_idle_share": round(1 - shares["compute"], 4) if total else 0.0,
+            "queue_empty_steps": empty,
+            "queue_empty_share": round(empty / len(rows), 4) if rows else 0.0,
+            "max_residual": worst, "parts_add_up": worst <= ADD_UP_REL_TOL,
+            "per_rank": per_rank}
+
+
+def line(gw: dict[str, Any]) -> str:
+    """The phase line's part: where the GPUs' time went."""
+    sh = gw["share"]
+    return (f"; step = data wait {sh['data_wait'] * 100:.0f}% + compute "
+            f"{sh['compute'] * 100:.0f}% + exposed comm {sh['exposed_comm'] * 100:.0f}% + "
+            f"barrier {sh['barrier'] * 100:.0f}%, queue empty {gw['queue_empty_steps']}/"
+            f"{gw['rank_steps']} steps")
