@@ -126,6 +126,8 @@ class JobSetup:
 
         The batches flow from the server, so a connection's spec is seen from the server's
         side (as a storage read's is); a rank's connections are in its workers' order.
+        Its congestion control is the server's: an accepted socket takes its namespace's
+        default, which is not the job's, so the spec names none rather than a wrong one.
         """
         ld, st = pp["loader"], pp["storage"]
         if not ld["enabled"]:
@@ -136,8 +138,7 @@ class JobSetup:
                 srv = st["hosts"][(r + i) % len(st["hosts"])]
                 spec = FlowSpec(id=f"load{r}w{i}", src=srv, dst=h, src_ip=self.ips[srv],
                                 dst_ip=self.ips[h], proto="tcp", sport=planning.STORAGE_PORT,
-                                dport=self.sports.pop(), rate_bps=0.0, kind="loader",
-                                cc=pp["job"]["cc"])
+                                dport=self.sports.pop(), rate_bps=0.0, kind="loader")
                 conns.append(Conn(spec, r, 0, self.next_index))
                 self.next_index += 1
         return conns
