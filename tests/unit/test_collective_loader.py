@@ -103,6 +103,7 @@ def rank_record(rank: int, steps: list[tuple[float, float, float, float]],
         recs.append({"step": k, "warmup": k == 0, "data_wait_s": dw, "compute_s": c,
                      "exposed_comm_s": ec, "barrier_s": b,
                      "step_s": round(dw + c + ec + b, 6), "t_start": t,
+                     "t_compute_end": t + dw + c,
                      "batch": {"queue_depth": 0 if e else 2}})
         t += dw + c + ec + b
     return {"rank": rank, "steps": recs,
@@ -131,3 +132,15 @@ def test_parts_that_do_not_add_up_are_reported():
     gw = gpuwait.summary(gpuwait.rank_details([out]))
     assert not gw["parts_add_up"] and gw["max_residual"] == pytest.approx(0.05 / 0.35,
                                                                           rel=1e-4)
+
+
+def test_the_critical_rank_is_the_last_to_finish_computing():
+    """An early rank's exposed comm holds the late rank's data wait; the late rank's parts
+    say what held the step."""
+    early = rank_record(0, [(0.0, 0.1, 0.1, 0.0), (0.1, 0.1, 0.4, 0.0)], [False, True])
+    late = rank_record(1, [(0.0, 0.1, 0.1, 0.0), (0.4, 0.1, 0.1, 0.0)], [False, True])
+    gw = gpuwait.summary(gpuwait.rank_details([early, late]))
+    assert gw["share"]["data_wait"] == pytest.approx(0.5 / 1.2, abs=1e-4)
+    assert gw["critical_share"] == pytest.approx({"data_wait": 0.6667, "compute": 0.1667,
+                                                  "exposed_comm": 0.1667, "barrier": 0.0},
+                                                 abs=1e-4)

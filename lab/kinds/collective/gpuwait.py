@@ -27,6 +27,7 @@ def step_parts(rec: dict[str, Any]) -> dict[str, Any]:
     and how far the parts' sum is from the step's time (relative)."""
     row = {"step": rec["step"], "warmup": bool(rec.get("warmup")),
            **{p: rec[p] for p in PARTS}, "step_s": rec["step_s"],
+           "t_compute_end": rec.get("t_compute_end"),
            "queue_depth": (rec.get("batch") or {}).get("queue_depth")}
     total = sum(rec[p] for p in PARTS)
     row["residual"] = round(abs(total - rec["step_s"]) / rec["step_s"], 6) \
@@ -45,18 +46,42 @@ def rank_details(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def shares(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Σ part / Σ step time over ``rows``, per part."""
+    total = sum(s["step_s"] for s in rows)
+    return {p.removesuffix("_s"): round(sum(s[p] for s in rows) / total, 4) if total else 0.0
+            for p in PARTS}
+
+
+def critical_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per measured step, the parts of the rank that was last to finish computing.
+
+    In a ring a rank's all-reduce cannot end before every rank has joined it, so an early
+    rank's exposed comm holds the later ranks' data wait too (with one slow loader per
+    rank, 0.1-0.4 s of it against the last rank's 0.08 s); the last rank waits for no one
+    to join, so its exposed comm is the all-reduce's own and its data wait the one that
+    held the step.
+    """
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for rk in ranks:
+        for s in rk["steps"]:
+            if not s["warmup"] and s.get("t_compute_end") is not None:
+                by_step.setdefault(s["step"], []).append(s)
+    return [max(rows, key=lambda s: s["t_compute_end"]) for _, rows in sorted(by_step.items())
+            if len(rows) == len(ranks)]
+
+
 def summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """A phase's parts over its measured (non-warm-up) steps of every rank.
 
     A share is Σ part / Σ step time over ranks and steps: the mean share weighted by step
     time, so a long step counts as long as it was (as ``gpu_idle_fraction`` does); the GPU
-    idles for every part but the compute. ``queue_empty_steps``: measured rank-steps whose
-    ask found no batch ready.
+    idles for every part but the compute. ``critical_share``: the same over each step's last
+    rank to finish computing (:func:`critical_rows`), where exposed comm is the network's
+    alone. ``queue_empty_steps``: measured rank-steps whose ask found no batch ready.
     """
     rows = [s for rk in ranks for s in rk["steps"] if not s["warmup"]]
-    total = sum(s["step_s"] for s in rows)
-    shares = {p.removesuffix("_s"): round(sum(s[p] for s in rows) / total, 4) if total else 0.0
-              for p in PARTS}
+    share = shares(rows)
     empty = sum(1 for s in rows if s["queue_depth"] == 0)
     worst = max((s["residual"] for s in rows), default=0.0)
     per_rank = []
@@ -69,8 +94,9 @@ def summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
                          "prep_cpu_s": round(sum(w.get("prep_cpu_s") or 0 for w in workers), 6),
                          "prep_wall_s": round(sum(w.get("prep_wall_s") or 0
                                                   for w in workers), 6)})
-    return {"rank_steps": len(rows), "share": shares,
-            "gpu_idle_share": round(1 - shares["compute"], 4) if total else 0.0,
+    return {"rank_steps": len(rows), "share": share,
+            "gpu_idle_share": round(1 - share["compute"], 4) if rows else 0.0,
+            "critical_share": shares(critical_rows(ranks)),
             "queue_empty_steps": empty,
             "queue_empty_share": round(empty / len(rows), 4) if rows else 0.0,
             "max_residual": worst, "parts_add_up": worst <= ADD_UP_REL_TOL,
