@@ -2,7 +2,8 @@
 
 What is checked: with ample loader workers and light preprocessing the GPUs hardly wait for
 their input; with one worker whose preprocessing outlasts the step, the data wait is the
-largest part of the step and the loader's queue is empty at most steps. In both, every
+largest part of the step of each step's last rank to compute and the loader's queue is
+empty at most steps, while that rank's all-reduce takes what a healthy one does. In both, every
 rank's four parts add up to its step, the loader's connections are flows whose counted
 bytes are the batches the ranks took (and the storage hosts served), and every link's bytes
 are its flows' bytes.
@@ -21,7 +22,8 @@ from tests.integration.support import check_links_agree_with_flows, phase, run_t
 #: falling behind.
 HEALTHY_DATA_WAIT_MAX = 0.05
 #: One worker, 400 ms of preprocessing per batch against a 100 ms compute: the GPUs wait
-#: for about half of every step. Over a third is the bound, well clear of the healthy one.
+#: for about half of every step (46-60 % in eight runs). Over a third is the bound, well
+#: clear of the healthy one.
 CPU_DATA_WAIT_MIN = 0.35
 #: The same over each step's last rank to finish computing (``critical_share``): 0.71 in
 #: two runs, the early ranks' wait for it no longer counted as their all-reduce.
@@ -67,8 +69,10 @@ def test_healthy_gpus_hardly_wait_for_data(r: dict) -> None:
 def test_a_slow_loader_makes_the_gpus_wait_for_data(r: dict) -> None:
     gw = phase(r, "cpu")["gpu_wait"]
     share = gw["share"]
+    # Over all ranks data wait was also the largest part in eight runs, but by as little as
+    # 9 points (46 % against exposed comm's 37 %): the early ranks' all-reduce holds the
+    # late rank's wait. Which part held the step is the critical rank's to say.
     assert share["data_wait"] > CPU_DATA_WAIT_MIN, share
-    assert max(share, key=share.get) == "data_wait", share
     assert gw["queue_empty_share"] > CPU_QUEUE_EMPTY_MIN, gw
     assert gw["gpu_idle_share"] > phase(r, "healthy")["gpu_wait"]["gpu_idle_share"]
     crit = gw["critical_share"]

@@ -144,3 +144,4 @@ def test_the_critical_rank_is_the_last_to_finish_computing():
     assert gw["critical_share"] == pytest.approx({"data_wait": 0.6667, "compute": 0.1667,
                                                   "exposed_comm": 0.1667, "barrier": 0.0},
                                                  abs=1e-4)
+    assert "(last rank to compute: data wait 67%, exposed comm 17%)" in gpuwait.line(gw)

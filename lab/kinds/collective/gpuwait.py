@@ -105,8 +105,9 @@ def summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 def line(gw: dict[str, Any]) -> str:
     """The phase line's part: where the GPUs' time went."""
-    sh = gw["share"]
+    sh, cr = gw["share"], gw["critical_share"]
     return (f"; step = data wait {sh['data_wait'] * 100:.0f}% + compute "
             f"{sh['compute'] * 100:.0f}% + exposed comm {sh['exposed_comm'] * 100:.0f}% + "
-            f"barrier {sh['barrier'] * 100:.0f}%, queue empty {gw['queue_empty_steps']}/"
-            f"{gw['rank_steps']} steps")
+            f"barrier {sh['barrier'] * 100:.0f}% (last rank to compute: data wait "
+            f"{cr['data_wait'] * 100:.0f}%, exposed comm {cr['exposed_comm'] * 100:.0f}%), "
+            f"queue empty {gw['queue_empty_steps']}/{gw['rank_steps']} steps")
