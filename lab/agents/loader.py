@@ -8,7 +8,10 @@ from a storage host over its own TCP connection (``storage serve``'s batch mode:
 length asked, that many bytes answered) and then preprocesses it, burning ``cpu_ms`` of real
 CPU. Processes, not threads: the burn is real Python work, which threads would serialise on
 the GIL - and on a busy host the burn takes longer in wall time than in CPU time, which is
-exactly how "CPU preprocessing falls behind" shows in a real job.
+exactly how "CPU preprocessing falls behind" shows in a real job. Workers run at idle
+priority (``SCHED_IDLE``): on an emulator's few cores a starved preprocessing is the cause
+being modelled, a starved switch would be a broken emulation; the lab counts their CPU as
+idle when it judges fidelity (``lab.measure.telemetry.SpareWork``).
 
 Every connection is made by the rank from a fixed source address and port (the lab counts
 connections by 5-tuple) before the workers are forked, so a storage host that is not there
@@ -217,6 +220,10 @@ class Loader:
         code = 0
         try:
             _die_with_parent(*rank)
+            # Idle priority: the burn takes only CPU nobody else wants, so a host whose
+            # preprocessing cannot keep up never starves the emulation (the switches, the
+            # links' shaping, the ranks' own networking) on the cores it shares with them.
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
             for other in self.workers:  # the rank's ends of every pipe, others' connections
                 if other is not w:
                     other.sock.close()

@@ -15,7 +15,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -219,6 +219,36 @@ MIN_CPU_IDLE_PCT = 25.0
 SAMPLE_HZ = 10.0
 
 
+@dataclass(frozen=True)
+class SpareWork:
+    """CPU a scenario burns on purpose as modelled host work (a data loader's preprocessing),
+    run at idle priority (``SCHED_IDLE``): ``cpu_s`` of it between ``t0`` and ``t1`` (the
+    sampler's clock).
+
+    At idle priority it gets only what every other task leaves, so it cannot starve the
+    emulation, and the fidelity check counts it as idle: otherwise a phase whose cause *is*
+    a busy CPU would always read as an emulator out of CPU, which it is not.
+    """
+
+    t0: float
+    t1: float
+    cpu_s: float
+
+
+def spare_cpu_s(spare: Sequence[SpareWork], t_from: float, t_to: float) -> float:
+    """The CPU seconds of ``spare`` work inside ``[t_from, t_to]``, each piece spread evenly
+    over its own interval (a burn between two samples is not seen more finely)."""
+    total = 0.0
+    for w in spare:
+        if w.t1 <= w.t0:
+            total += w.cpu_s if t_from <= w.t0 <= t_to else 0.0
+            continue
+        overlap = min(w.t1, t_to) - max(w.t0, t_from)
+        if overlap > 0:
+            total += w.cpu_s * overlap / (w.t1 - w.t0)
+    return total
+
+
 class Sampler(threading.Thread):
     """Samples every port at ``hz`` into per-port series, CPU idle per second, and the CPU
     the lab's own processes use (``controller``: the run's controller, if it has one)."""
@@ -288,13 +318,15 @@ class Sampler(threading.Thread):
             self.lab_cpu.append((now - self.t0, lab_cpu_ticks(self.controller)))
 
     def cpu_idle_pct(self, t_from: float, t_to: float, window_s: float = 1.0,
-                     cpu: list[tuple[float, int, int]] | None = None) -> list[float]:
+                     cpu: list[tuple[float, int, int]] | None = None,
+                     spare: Sequence[SpareWork] = ()) -> list[float]:
         """Idle CPU (all cores) in consecutive ``window_s`` windows between two sample times
         (of this machine, or of the samples ``cpu`` of another worker).
 
         Windows start at ``t_from`` (the traffic phase), so the lab's own set-up before it
         does not count against the emulation; a final partial window shorter than half a
-        window is dropped as too noisy.
+        window is dropped as too noisy. ``spare``: work the scenario burns on purpose at idle
+        priority, counted as idle (see :class:`SpareWork`).
         """
         out = []
         pts = [c for c in (self.cpu if cpu is None else cpu)
@@ -307,18 +339,28 @@ class Sampler(threading.Thread):
             span = pts[j][0] - pts[i][0]
             total = pts[j][2] - pts[i][2]
             if span >= window_s / 2 and total > 0:
-                out.append(100.0 * (pts[j][1] - pts[i][1]) / total)
+                given = spare_cpu_s(spare, pts[i][0], pts[j][0]) * CLOCK_TICKS
+                out.append(min(100.0, 100.0 * (pts[j][1] - pts[i][1] + given) / total))
             i = j
         return out
 
-    def judge(self, t_counters: float, t_from: float, t_to: float) -> dict[str, Any]:
+    def judge(self, t_counters: float, t_from: float, t_to: float,
+              spare: Sequence[SpareWork] = ()) -> dict[str, Any]:
         """The fidelity numbers of the traffic between two sample times: idle CPU per second,
         its least, the lab's own CPU, and the window in seconds from ``t_counters`` (when the
-        phase's counters were read), so a result says which seconds it judged."""
-        idle = [round(x, 1) for x in self.cpu_idle_pct(t_from, t_to)]
+        phase's counters were read), so a result says which seconds it judged. With
+        ``spare`` work, ``spare_work`` says how much CPU it took and the least idle second
+        without counting it as idle."""
+        idle = [round(x, 1) for x in self.cpu_idle_pct(t_from, t_to, spare=spare)]
         judged = {"cpu_idle_pct": idle, "cpu_idle_min_pct": min(idle, default=100.0),
                   "lab_cpu_pct": self.lab_cpu_pct(t_from, t_to),
                   "window_s": [round(t_from - t_counters, 3), round(t_to - t_counters, 3)]}
+        if spare:
+            raw = self.cpu_idle_pct(t_from, t_to)
+            judged["spare_work"] = {
+                "cpu_s": round(spare_cpu_s(spare, t_from - self.period, t_to + self.period),
+                               3),
+                "cpu_idle_min_pct_without": round(min(raw, default=100.0), 1)}
         placement = remote.current()
         if placement is not None:
             # Valid only if every worker had CPU to spare: the least idle second of all.

@@ -11,10 +11,12 @@ moving, so the last packets of a flow are counted on both sides.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from lab.measure import live, telemetry
 from lab.measure.result import link_entries
+from lab.measure.telemetry import SpareWork
 
 FlowCounters = dict[str, dict[int, tuple[int, int]]]
 
@@ -65,6 +67,8 @@ class Window:
         return link_entries(self.ports, self.before, self.after, self.sampler, self.measured_s,
                             self.t_start)
 
-    def judge(self, t_from: float, t_to: float) -> dict[str, Any]:
-        """The fidelity numbers of the traffic between two sample times inside the window."""
-        return self.sampler.judge(self.t_start, t_from, t_to)
+    def judge(self, t_from: float, t_to: float,
+              spare: Sequence[SpareWork] = ()) -> dict[str, Any]:
+        """The fidelity numbers of the traffic between two sample times inside the window
+        (``spare``: work burnt on purpose at idle priority, counted as idle)."""
+        return self.sampler.judge(self.t_start, t_from, t_to, spare)

@@ -277,6 +277,22 @@ def test_sigterm_of_the_rank_leaves_no_loader_process(lab: Lab) -> None:
     assert gone(pids[1])
 
 
+def test_loader_workers_preprocess_at_idle_priority(lab: Lab) -> None:
+    """A worker's burn takes only CPU nobody else wants (the lab counts it as idle when it
+    judges fidelity); the rank itself keeps the normal policy."""
+    ranks = lab.ring(10_000, 2, 2, 5)
+    for rank in ranks:
+        pids = running_workers(rank, 2)
+        deadline = time.monotonic() + WAIT_S  # the child sets it right after the fork
+        while any(os.sched_getscheduler(p) != os.SCHED_IDLE for p in pids):
+            assert time.monotonic() < deadline, [os.sched_getscheduler(p) for p in pids]
+            time.sleep(0.02)
+        assert os.sched_getscheduler(rank.pid) == os.SCHED_OTHER
+    for rank in ranks:
+        rank.terminate()
+        rank.communicate(timeout=WAIT_S)
+
+
 def test_kill_9_of_the_rank_leaves_no_loader_process(lab: Lab) -> None:
     ranks = lab.ring(10_000, 2, 2, 5)
     pids = running_workers(ranks[1], 2)

@@ -15,11 +15,30 @@ from __future__ import annotations
 
 from typing import Any
 
+from lab.measure.telemetry import SpareWork
+
 #: A step's parts, in the order a step lives them.
 PARTS = ("data_wait_s", "compute_s", "exposed_comm_s", "barrier_s")
 #: How far the parts' sum may be from the step's time, relative: the rank stamps each
 #: boundary once (rounded to the microsecond), so anything beyond rounding is a bug.
 ADD_UP_REL_TOL = 0.02
+
+
+def spare_work(outputs: list[dict[str, Any]], t0: float) -> list[SpareWork]:
+    """The loaders' preprocessing as work burnt on purpose at idle priority: each batch's
+    CPU between its fetch and its hand-over, on the sampler's clock (``t0`` its start).
+
+    The fidelity check counts it as idle (:class:`lab.measure.telemetry.SpareWork`): the
+    "cpu" cause is a host whose preprocessing cannot keep up, not an emulator out of CPU.
+    """
+    out = []
+    for o in outputs:
+        for rec in o.get("steps") or []:
+            b = rec.get("batch") if isinstance(rec, dict) else None
+            if b and b.get("t_ready") is not None and b.get("prep_cpu_s"):
+                t1 = b["t_ready"] - t0
+                out.append(SpareWork(t1 - (b.get("prep_wall_s") or 0.0), t1, b["prep_cpu_s"]))
+    return out
 
 
 def step_parts(rec: dict[str, Any]) -> dict[str, Any]:

@@ -85,7 +85,8 @@ class JobReadout:
             c0, c1 = d.ecn0.get(ln["intf"], {}), d.ecn1.get(ln["intf"], {})
             ln["ce_marked"] = c1.get("ce_marked", 0) - c0.get("ce_marked", 0)
             ln["ecn_marking"] = ph.marking if ln["intf"] in self.marked else None
-        judged = window.judge(*self.fidelity_window(outputs, d))
+        judged = window.judge(*self.fidelity_window(outputs, d),
+                              spare=gpuwait.spare_work(outputs, window.sampler.t0))
         metrics = self.phase_metrics(pp, ph.hosts, outputs, flows, links, work)
         metrics["retransmits"] = sum(f["retransmits"] for f in flows
                                      if f["kind"] in ("allreduce", "incast"))
@@ -109,6 +110,8 @@ class JobReadout:
         metrics["cpu_idle_min_pct"] = judged["cpu_idle_min_pct"]
         metrics["lab_cpu_pct"] = judged["lab_cpu_pct"]
         metrics["fidelity_window_s"] = judged["window_s"]
+        if "spare_work" in judged:
+            metrics["spare_work"] = judged["spare_work"]
         metrics["fidelity_valid"] = (metrics["cpu_idle_min_pct"] >= telemetry.MIN_CPU_IDLE_PCT
                                      and not any(o.get("error") for o in outputs))
         if d.capture is not None:
