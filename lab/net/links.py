@@ -28,7 +28,7 @@ from mininet.link import Intf, Link, TCIntf
 
 from controllers.marking import FRAME_BYTES, MAX_TSO_FRAMES, QUEUE_HANDLE, htb_class_args
 from lab.machine import remote
-from lab.model.errors import TopologyError
+from lab.model.errors import MachineError, TopologyError
 from lab.net.wire import Qdisc, count_wire_bytes
 
 #: What a host's TCP may keep in its own NIC's queue (TSQ, per socket): two TSO packets.
@@ -253,6 +253,19 @@ class ShapedIntf(TCIntf):
             text, _, rc = out.rpartition("__rc=")
             if rc.strip() != "0":
                 raise TopologyError("link", f"{dev}: `{cmd}` failed: {text.strip()}")
+
+
+def change_rate(node: Any, dev: str, bw_mbps: float, field: str) -> None:
+    """Change a shaped port's rate in place (its htb class 1:1), keeping its queue, its
+    counters and its wire-size table: a phase may run a link slower than the topology built
+    it, and the counters a window reads across the change must stay one series.
+
+    ``field`` names the scenario key that asked, for the one line a failure gives."""
+    out = node.cmd(f"tc class change dev {dev} parent 1: classid 1:1 "
+                   f"{htb_class_args(bw_mbps)} 2>&1; echo __rc=$?")
+    text, _, rc = out.strip().rpartition("__rc=")
+    if rc.strip() != "0":
+        raise MachineError(field, f"{dev}: cannot set {bw_mbps:g} Mbit/s: {text.strip()}")
 
 
 class ShapedLink(Link):

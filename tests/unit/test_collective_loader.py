@@ -35,6 +35,10 @@ def topo():
     # the synthetic ring's ranks are the ones that wait for batches
     (["phases.alone.loader.enabled=true", "job.pattern=incast"], "phases.alone.loader.enabled"),
     (["loader.enabled=true", "job.library=gloo"], "loader.enabled"),
+    # a slow storage link needs storage hosts to slow, and a rate
+    (["storage.hosts=[]", "storage.mode='off'", "phases.shared.storage.mode='off'",
+      "phases.classes.storage.mode='off'", "storage.link_mbps=2"], "storage.link_mbps"),
+    (["phases.alone.storage.link_mbps=-1"], "phases.alone.storage.link_mbps"),
 ])
 def test_bad_loader_input_names_the_field(sets, field):
     with pytest.raises(ScenarioError) as err:

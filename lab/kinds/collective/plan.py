@@ -78,6 +78,8 @@ SCHEMA: dict[str, Param] = {
     "storage.checkpoint_bytes": Param(int, 1, 1 << 30),
     "storage.every_s": Param(float, 0.1, 600),
     "storage.first_at_s": Param(float, 0, 600),
+    # the storage hosts' links (both ends) for the phase, Mbit/s; 0: as the topology built them
+    "storage.link_mbps": Param(float, 0, 100_000),
     # a ring rank's input pipeline (lab.agents.loader), reading batches from storage.hosts
     # a bool, not a mode: YAML reads a bare on/off as true/false
     "loader.enabled": Param(bool),
@@ -108,7 +110,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
             "straggler_s": 0.0, "epoch_steps": 0, "cc": "cubic", "ecn": False},
     "placement": {"hosts": "packed", "paths": "hash", "receiver": ""},
     "storage": {"mode": "off", "hosts": [], "read_mbps": 1.0, "checkpoint_bytes": 2 << 20,
-                "every_s": 2.5, "first_at_s": 1.0},
+                "every_s": 2.5, "first_at_s": 1.0, "link_mbps": 0.0},
     # PyTorch's DataLoader defaults where it has them (prefetch_factor 2); off: no input wait
     "loader": {"enabled": False, "workers": 2, "prefetch": 2, "batch_bytes": 256 * 1024,
                "cpu_ms": 0.0},
@@ -204,6 +206,9 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
             raise ScenarioError(f("storage.hosts"), f"no host {h!r} in the topology")
     if pp["storage"]["mode"] != "off" and not pp["storage"]["hosts"]:
         raise ScenarioError(f("storage.hosts"), "storage traffic needs at least one host")
+    if pp["storage"]["link_mbps"] and not pp["storage"]["hosts"]:
+        raise ScenarioError(f("storage.link_mbps"), "sets the storage hosts' links; name "
+                            "them in storage.hosts")
     check_loader(pp, f)
     free = sum(len(hs) for hs in candidate_hosts(topo_desc, pp).values())
     if n > free:

@@ -7,6 +7,7 @@ A part of ``JobRun`` (``lab.kinds.collective.run``): it uses the run's hosts, ad
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import time
@@ -20,8 +21,9 @@ from lab.kinds.collective import plan as planning
 from lab.kinds.collective.gloo import GLOO_PORT
 from lab.kinds.collective.plan import Conn
 from lab.machine import programs
+from lab.measure import telemetry
 from lab.model.errors import MachineError
-from lab.net.links import tc_commands, wire_qdiscs
+from lab.net.links import change_rate, tc_commands, wire_qdiscs
 from lab.net.wire import count_wire_bytes
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ class JobPrograms:
     fabric: Fabric
     plan: Plan
     ips: dict[str, str]
+    ports: list[telemetry.Port]
 
     def host(self, name: str) -> Any:
         return self.fabric.host(name)
@@ -77,6 +80,22 @@ class JobPrograms:
                 if rc.strip() != "0":
                     raise MachineError("storage", f"{h}: `{cmd}` failed: {text.strip()}")
             count_wire_bytes(node.pid, wire_qdiscs(dev, None))
+
+    def storage_links(self, pp: dict[str, Any], bw_mbps: float | None) -> None:
+        """Both ends of every storage host's link at ``bw_mbps`` for a phase (a storage
+        rack too slow for its readers), or back to the rate the topology built (None)."""
+        for srv in pp["storage"]["hosts"]:
+            intf = self.host(srv).defaultIntf()
+            for end in (intf.link.intf1, intf.link.intf2):
+                rate = end.params["bw"] if bw_mbps is None else bw_mbps
+                change_rate(end.node, end.name, rate, "storage.link_mbps")
+
+    def phase_ports(self, pp: dict[str, Any]) -> list[telemetry.Port]:
+        """The fabric's ports at the phase's rates: the storage hosts' at
+        ``storage.link_mbps`` when a phase sets it, so utilisation is of the rate in force."""
+        slow, storage = pp["storage"]["link_mbps"], set(pp["storage"]["hosts"])
+        return [dataclasses.replace(p, bw_mbps=slow) if slow and p.peer in storage else p
+                for p in self.ports]
 
     def start_storage_servers(self, pp: dict[str, Any], work: Path) -> list[subprocess.Popen]:
         """One ``storage serve`` per storage host, listening before this returns.

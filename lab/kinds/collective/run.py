@@ -130,11 +130,16 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
         ph = self.configure(name, pp)
         if ph.pp["storage"]["mode"] == "classes":
             self.storage_classes(ph.pp, ph.hosts, on=True)
+        slow = ph.pp["storage"]["link_mbps"]
         try:
+            if slow:
+                self.storage_links(ph.pp, slow)
             drive = self.drive(name, ph)
         finally:
             if ph.pp["storage"]["mode"] == "classes":
                 self.storage_classes(ph.pp, ph.hosts, on=False)
+            if slow:
+                self.storage_links(ph.pp, None)
         return self.phase_result(ph, drive)
 
     def drive(self, name: str, ph: Phase) -> Drive:
@@ -142,9 +147,10 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
         pp, job, work = ph.pp, ph.pp["job"], ph.work
         estimate = self.estimate_s(job, pp["loader"])
         bridges = [s["name"] for s in self.topo["switches"]]
-        sampler = telemetry.Sampler(self.ports, hz=float(pp["sample_hz"]),
+        ports = self.phase_ports(pp)
+        sampler = telemetry.Sampler(ports, hz=float(pp["sample_hz"]),
                                     controller=self.fabric.controller)
-        d = Drive(Window(sampler, self.ports, bridges, name=name))
+        d = Drive(Window(sampler, ports, bridges, name=name))
         watched_hosts = sorted({*ph.hosts, *pp["storage"]["hosts"]})
         procs: list[subprocess.Popen] = []
         gloo_ready: list[Path] = []

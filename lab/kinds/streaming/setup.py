@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from controllers.marking import htb_class_args
 from lab.kinds.streaming.plan import ORIGIN_ROLES, Stream
 from lab.measure.routerstats import RouterPort
-from lab.model.errors import MachineError
 from lab.net import edgecontrol
 from lab.net.edge import CORE
 from lab.net.edgecontrol import FiveTuple
+from lab.net.links import change_rate
 
 #: dccore's interface on the fabric (its port 0): where origin streams enter the routers.
 CORE_FABRIC_INTF = f"{CORE}-eth0"
@@ -63,11 +62,7 @@ class EdgeSetup:
     def set_uplink_bw(self, bw: float) -> None:
         for p in self.rports:
             if p.role == "uplink":
-                out = self.routers[p.node].cmd(
-                    f"tc class change dev {p.intf} parent 1: classid 1:1 {htb_class_args(bw)}; "
-                    "echo __rc=$?")
-                if not out.strip().endswith("__rc=0"):
-                    raise MachineError("topology.uplink_bw", f"{p.intf}: {out.strip()}")
+                change_rate(self.routers[p.node], p.intf, bw, "topology.uplink_bw")
         self.uplink_bw = bw
 
     def egress(self, phase: str) -> list[Stream]:
