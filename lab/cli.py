@@ -205,10 +205,17 @@ def _cmd_topo(args: argparse.Namespace) -> int:
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from lab.analysis import diagnose
+    from lab.analysis import diagnose, gpuwait
     result = diagnose.select_phase(diagnose.load_result(args.result), args.phase)
     report = diagnose.diagnose(result)
-    print(json.dumps(report, indent=1) if args.json else diagnose.render(report))
+    if "phase_details" in result:   # a collective run's phases with a loader: who waited
+        waits = gpuwait.diagnose(result)
+        if args.phase is not None:
+            waits = {k: v for k, v in waits.items() if k == args.phase}
+        if waits:
+            report["gpu_wait"] = waits
+    print(json.dumps(report, indent=1) if args.json else "\n".join(
+        [diagnose.render(report), *gpuwait.render(report.get("gpu_wait") or {})]))
     return 0
 
 

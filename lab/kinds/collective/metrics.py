@@ -20,6 +20,7 @@ import itertools
 from typing import Any
 
 from controllers.marking import tcp_wire_ceiling_bps
+from lab.analysis import gpuwait as gpu_diagnosis
 from lab.kinds.base import PhaseCounts, Plan, phased_part
 from lab.kinds.collective import gpuwait
 from lab.model.stats import percentile
@@ -348,16 +349,23 @@ def assemble(plan: Plan, phases: dict[str, Any], loss: float,
     # What a phase's programs said went wrong, after the CPU notes of every phase.
     part["fidelity"]["notes"] += [f"{n}: {e}" for n, p in phases.items()
                                   for e in p["metrics"]["errors"]]
+    if any("gpu_wait" in p for p in phases.values()):
+        part["diagnosis"] = {"gpu_wait": gpu_diagnosis.diagnose(part)}
     return part
 
 
 def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     """Each phase's line (and a sweep's table), then the phases skipped and why."""
     rows = []
+    named = (result.get("diagnosis") or {}).get("gpu_wait") or {}
     for name, mt in result["metrics"]["phases"].items():
         rows.append((name, phase_line(mt)))
         if mt.get("sweep"):
             rows += [("", line) for line in sweep_table(mt["sweep"])]
+        if name in named:
+            rows.append(("", "who made the GPUs wait: "
+                         + (", ".join(named[name]["named"]) or "no cause beyond the "
+                            "all-reduce's own time")))
     return rows + list((result["metrics"].get("phases_skipped") or {}).items())
 
 
