@@ -11,8 +11,11 @@ are its flows' bytes.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
+from lab.analysis import gpuwait as diagnosis
 from lab.kinds.collective import gpuwait
 from lab.model.result import validate
 from tests.integration.support import check_links_agree_with_flows, phase, run_to
@@ -31,18 +34,51 @@ CPU_CRITICAL_DATA_WAIT_MIN = 0.55
 #: Measured rank-steps that found the queue empty with one slow worker: 28-33 of 33 in five
 #: runs (a rank held up in its all-reduce lets its worker get a batch ahead).
 CPU_QUEUE_EMPTY_MIN = 0.6
+#: The data phase's last rank to compute waited for data 50 % of the step in two runs
+#: (its loaders fetch 64 KiB batches at a 2 Mbit/s link's pace, three workers a host).
+DATA_CRITICAL_DATA_WAIT_MIN = 0.3
+#: A storage link's utilisation by its loader flows over the phase: 83 % measured (the
+#: phase's first and last moments have no batch in flight).
+DATA_LINK_UTIL_MIN = 0.6
+#: Healthy GPUs idle for the all-reduce's own time (its ideal at the bottleneck rate) and
+#: at most this much more: 41 % idle against a 40 % ideal measured.
+HEALTHY_IDLE_OVER_IDEAL_MAX = 0.05
 #: A batch on the wire: its payload plus TCP/IP headers and the request's ACKs' share.
 WIRE_OVERHEAD_MAX = 1.10
 
 
-@pytest.fixture(scope="module")
-def r(tmp_path_factory) -> dict:
-    return run_to(tmp_path_factory.mktemp("gpu-wait") / "run", "gpu-wait", timeout=120)
+#: What each phase injects, for this test only: the diagnosis never sees it.
+INJECTED = {"healthy": [], "cpu": ["cpu"], "data": ["data"]}
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=lambda s: f"seed{s}")
+def r(request, tmp_path_factory) -> dict:
+    return run_to(tmp_path_factory.mktemp("gpu-wait") / "run", "gpu-wait",
+                  "--seed", str(request.param), timeout=180)
+
+
+def stripped(r: dict) -> dict:
+    """The result as an operator without the scenario would have it: phases renamed in
+    shuffled order, no parameters, description or scenario name, and no setting echoed in
+    a phase's metrics or a loader's record; only what was measured."""
+    echoes = ("paths", "placement", "pins", "marking", "cc", "library", "program", "hosts")
+    names = sorted(r["metrics"]["phases"], key=lambda n: n[::-1])
+    alias = {n: f"p{i}" for i, n in enumerate(names)}
+    out = copy.deepcopy({k: v for k, v in r.items()
+                         if k not in ("params", "description", "scenario", "diagnosis")})
+    out["metrics"]["phases"] = {alias[n]: {k: v for k, v in m.items() if k not in echoes}
+                                for n, m in out["metrics"]["phases"].items()}
+    out["phase_details"] = {alias[n]: d for n, d in out["phase_details"].items()}
+    for d in out["phase_details"].values():
+        for rank in d["gpu_wait"]["ranks"]:
+            for key in ("workers", "prefetch", "batch_bytes", "cpu_ms"):
+                rank["loader"].pop(key, None)
+    return {"result": out, "alias": alias}
 
 
 def test_result_is_whole(r: dict) -> None:
     assert validate(r) == [], validate(r)
-    for name in ("healthy", "cpu"):
+    for name in INJECTED:
         m = phase(r, name)
         assert m["errors"] == [], (name, m["errors"])
         assert m["gpu_wait"]["rank_steps"] == m["workers"] * (r["params"]["job"]["steps"]
@@ -125,7 +161,32 @@ def test_a_cpu_bound_loader_leaves_the_emulation_its_cpu(r: dict) -> None:
     them, so with their CPU counted as idle the phase is valid - and says both numbers."""
     spare = phase(r, "cpu")["spare_work"]
     assert spare["cpu_s"] > 0, spare
-    for name in ("healthy", "cpu"):
+    for name in INJECTED:
         m = phase(r, name)
         assert m["fidelity_valid"], (name, m["cpu_idle_min_pct"], m.get("spare_work"))
         assert m["spare_work"]["cpu_idle_min_pct_without"] <= m["cpu_idle_min_pct"]
+
+
+def test_slow_storage_links_make_the_gpus_wait_for_data(r: dict) -> None:
+    """The storage rack's links at 2 Mbit/s against the loaders' demand (three ranks' 64 KiB
+    per step): the loaders spend their time fetching, the links run near their rate."""
+    crit = phase(r, "data")["gpu_wait"]["critical_share"]
+    assert crit["data_wait"] > DATA_CRITICAL_DATA_WAIT_MIN, crit
+    links = diagnosis.storage_links(r["phase_details"]["data"])
+    assert {s["host"] for s in links} == set(r["params"]["storage"]["hosts"])
+    for s in links:
+        assert s["bw_mbps"] == 2.0 and s["util"] > DATA_LINK_UTIL_MIN, links
+
+
+def test_the_diagnosis_names_the_injected_cause_from_measurements_alone(r: dict) -> None:
+    """Phases renamed and shuffled, settings removed: each injected cause is named first,
+    and the healthy phase is named nothing; the run's own diagnosis says the same."""
+    s = stripped(r)
+    got = diagnosis.diagnose(s["result"])
+    for name, causes in INJECTED.items():
+        d = got[s["alias"][name]]
+        assert d["named"][:len(causes)] == causes, (name, d["named"], d["causes"])
+        assert len(d["named"]) == len(causes), (name, d["named"], d["causes"])
+        assert r["diagnosis"]["gpu_wait"][name]["named"] == d["named"]
+    healthy = got[s["alias"]["healthy"]]
+    assert healthy["gpu_idle_share"] < HEALTHY_IDLE_OVER_IDEAL_MAX + healthy["ideal_comm_share"]
