@@ -26,6 +26,8 @@ def link_entries(ports: list[Port], before: dict[Port, PortSnapshot],
         bps = [round(s.tx_bps[i]) for i in idx]
         entries.append({
             "node": p.node, "port": p.port, "peer": p.peer, "intf": p.intf,
+            # A management LAN's port says so; the fabric's entries stay as they were.
+            **({"role": p.role} if p.role != "fabric" else {}),
             "up": b.up and a.up, "bw_mbps": p.bw_mbps, "tx_bytes": tx_bytes,
             "tx_packets": a.tx_packets - b.tx_packets,
             "drops": (a.qdisc_drops - b.qdisc_drops) + (a.tx_dropped - b.tx_dropped),

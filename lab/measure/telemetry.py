@@ -34,6 +34,8 @@ class Port:
     peer: str
     intf: str
     bw_mbps: float
+    #: Which network the link is on: ``fabric``, or ``mgmt`` for the management LAN.
+    role: str = "fabric"
 
 
 @dataclass
@@ -430,6 +432,24 @@ def fabric_ports(topo_desc: dict) -> list[Port]:
                                  (link["b"], link["b_port"], link["a"])):
             if node in switches:
                 ports.append(Port(node, port, peer, f"{node}-eth{port}", link["bw_mbps"]))
+    return sorted(ports, key=lambda p: (p.node, p.port))
+
+
+def mgmt_ports(topo_desc: dict) -> list[Port]:
+    """Every switch egress port of the management network (role ``mgmt``), none without one.
+
+    Kept out of :func:`fabric_ports`: what reads those (link tables, paths, plots) means the
+    fabric. Whoever asks which network carried some traffic counts both lists.
+    """
+    mgmt = topo_desc.get("mgmt") or {}
+    switches = {s["name"] for s in mgmt.get("switches", [])}
+    ports = []
+    for link in mgmt.get("links", []):
+        for node, port, peer in ((link["a"], link["a_port"], link["b"]),
+                                 (link["b"], link["b_port"], link["a"])):
+            if node in switches:
+                ports.append(Port(node, port, peer, f"{node}-eth{port}", link["bw_mbps"],
+                                  role=str(link.get("role", "mgmt"))))
     return sorted(ports, key=lambda p: (p.node, p.port))
 
 

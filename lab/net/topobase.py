@@ -41,6 +41,18 @@ _machine_limits: ContextVar[bool] = ContextVar("machine_limits", default=True)
 
 _DPID_BASE = {"spine": 0x100, "core": 0x100, "leaf": 0x200, "agg": 0x200, "edge": 0x300}
 
+#: The management network (``FabricTopo.add_mgmt_network``): one plain L2 switch, outside
+#: the fabric, and a second interface on every host. Its subnet is disjoint from the fabric's
+#: 10.0.0.0/8 and from the BGP edge's pools (172.16.0.0/16, the documentation ranges), so an
+#: address says which network it is on and no route can send one network's traffic into
+#: the other.
+MGMT_SWITCH = "mgmt1"
+MGMT_SUBNET = "192.168.0.0/16"
+MGMT_ROLE = "mgmt"
+_MGMT_DPID = 0x401
+#: A host's management interface is its port 1 (``hN-eth1``); port 0 is its fabric NIC.
+MGMT_HOST_PORT = 1
+
 
 @dataclass(frozen=True)
 class HostAddr:
@@ -51,6 +63,13 @@ class HostAddr:
 def host_addr(n: int) -> HostAddr:
     """Address of host ``h<n>``: 10.0.0.n/8 style, unique for n < 2**16."""
     return HostAddr(ip=f"10.0.{n >> 8}.{n & 0xFF}", mac=f"00:00:00:00:{n >> 8:02x}:{n & 0xFF:02x}")
+
+
+def mgmt_addr(n: int) -> HostAddr:
+    """Management address of host ``h<n>``: 192.168.0.n/16 style, unique for n < 2**16,
+    with a locally administered MAC (02:...) that no fabric MAC can equal."""
+    return HostAddr(ip=f"192.168.{n >> 8}.{n & 0xFF}",
+                    mac=f"02:00:00:01:{n >> 8:02x}:{n & 0xFF:02x}")
 
 
 def check_rate(field: str, value: object) -> float:
@@ -91,6 +110,15 @@ def check_links(host_bw: object, fabric_bw: object,
     return (check_rate("topology.host_bw", host_bw),
             check_rate("topology.fabric_bw", fabric_bw),
             check_int("topology.queue_bytes", queue_bytes, 3000, 64_000_000))
+
+
+def check_mgmt_bw(value: object) -> float:
+    """The management network's link rate; 0 (the default) means there is none.
+
+    Any other value is a link rate like every other (refused naming ``topology.mgmt_bw``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    return check_rate("topology.mgmt_bw", value)
 
 
 #: The fabric's own link parameters (switch to switch), as a scenario names them.
@@ -149,6 +177,9 @@ class FabricTopo(Topo):
         self.roles: dict[str, str] = {}
         self.params: dict[str, object] = {}
         self.oversubscription = 1.0
+        #: The management network's link rate (0: none) and its hosts, by index.
+        self.mgmt_bw = 0.0
+        self.mgmt_hosts: list[str] = []
         super().__init__(**params)
 
     def add_fabric_switch(self, role: str, index: int) -> str:
@@ -173,6 +204,58 @@ class FabricTopo(Topo):
             asked = [f for f, v in zip(NETEM_FIELDS, netem.as_dict().values(), strict=True) if v]
             params.update(netem.as_dict(), netem_field=asked[0])
         return params
+
+    def add_mgmt_network(self, bw: float, queue_bytes: int) -> None:
+        """A management LAN: switch ``mgmt1`` and a link from every host's port 1 to it.
+
+        The links are shaped like every lab link (``shaped``), so their bytes and drops are
+        counted the same way. The switch has role ``mgmt``: it is not on the fabric, so the
+        controller is never told about it and the fabric brings it up as a standalone
+        learning bridge (``lab.net.fabric``). Host ``hN`` is on switch port N. Nothing is
+        added for ``bw`` 0.
+        """
+        if not bw:
+            return
+        self.mgmt_bw = bw
+        self.addSwitch(MGMT_SWITCH, dpid=f"{_MGMT_DPID:016x}", protocols="OpenFlow13")
+        self.roles[MGMT_SWITCH] = MGMT_ROLE
+        hosts = sorted((h for h in self.hosts() if self.roles.get(h) == "host"),
+                       key=lambda h: int(h[1:]))
+        for host in hosts:
+            n = int(host[1:])
+            addr = mgmt_addr(n)
+            self.addLink(host, MGMT_SWITCH, port1=MGMT_HOST_PORT, port2=n, addr1=addr.mac,
+                         params1={"ip": f"{addr.ip}/{MGMT_SUBNET.split('/')[1]}"},
+                         **self.shaped(bw, queue_bytes))
+            self.mgmt_hosts.append(host)
+
+    def mgmt_switches(self) -> frozenset[str]:
+        """The switches of the management network (none without one)."""
+        return frozenset(n for n, r in self.roles.items() if r == MGMT_ROLE)
+
+    def describe_mgmt(self) -> dict[str, object]:
+        """The ``mgmt`` section of the description, or nothing without a management network.
+
+        Apart from ``switches``, ``hosts`` and ``links`` on purpose: every consumer of those
+        (the controller's config, paths, capacities, plots) means the fabric, and must not
+        route over or count a LAN it does not program.
+        """
+        if not self.mgmt_bw:
+            return {}
+        switches = [{"name": n, "role": MGMT_ROLE, "dpid": int(str(self.nodeInfo(n)["dpid"]), 16)}
+                    for n in sorted(self.mgmt_switches())]
+        hosts, links = [], []
+        for a, b, info in self.links(sort=False, withInfo=True):
+            if self.roles.get(b) != MGMT_ROLE:
+                continue
+            addr = mgmt_addr(int(a[1:]))
+            hosts.append({"name": a, "ip": addr.ip, "mac": addr.mac,
+                          "intf": f"{a}-eth{info['port1']}"})
+            links.append({"a": a, "a_port": info["port1"], "b": b, "b_port": info["port2"],
+                          "bw_mbps": info["bw"], "queue_bytes": info["queue_bytes"],
+                          "delay_ms": 0.0, "role": MGMT_ROLE})
+        return {"mgmt": {"subnet": MGMT_SUBNET, "bw_mbps": self.mgmt_bw, "switches": switches,
+                         "hosts": hosts, "links": links}}
 
     def role(self, name: str) -> str:
         return self.roles[name]

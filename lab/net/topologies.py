@@ -22,6 +22,7 @@ from lab.net.topobase import (
     FabricTopo,
     check_fabric_netem,
     check_links,
+    check_mgmt_bw,
     check_size,
     size_guard,
 )
@@ -39,17 +40,20 @@ class LeafSpine(FabricTopo):
     def build(self, spines: int = 2, leaves: int = 2, hosts_per_leaf: int = 4,
               host_bw: float = DEFAULT_HOST_MBPS, fabric_bw: float = DEFAULT_FABRIC_MBPS,
               queue_bytes: int = DEFAULT_QUEUE_BYTES, link_delay_ms: float = 0.0,
-              link_jitter_ms: float = 0.0, link_loss_pct: float = 0.0) -> None:
+              link_jitter_ms: float = 0.0, link_loss_pct: float = 0.0,
+              mgmt_bw: float = 0.0) -> None:
         spines = check_int("topology.spines", spines, 1, 64)
         leaves = check_int("topology.leaves", leaves, 1, 64)
         hosts_per_leaf = check_int("topology.hosts_per_leaf", hosts_per_leaf, 1, 64)
+        mgmt_bw = check_mgmt_bw(mgmt_bw)
         check_size("topology.hosts_per_leaf", f"{leaves} leaves x {hosts_per_leaf} hosts",
-                   spines + leaves, leaves * hosts_per_leaf)
+                   spines + leaves + bool(mgmt_bw), leaves * hosts_per_leaf)
         host_bw, fabric_bw, queue_bytes = check_links(host_bw, fabric_bw, queue_bytes)
         netem = check_fabric_netem(link_delay_ms, link_jitter_ms, link_loss_pct)
         self.params = {"spines": spines, "leaves": leaves, "hosts_per_leaf": hosts_per_leaf,
                        "host_bw": host_bw, "fabric_bw": fabric_bw, "queue_bytes": queue_bytes,
-                       **{f"link_{key}": v for key, v in netem.as_dict().items()}}
+                       **{f"link_{key}": v for key, v in netem.as_dict().items()},
+                       **({"mgmt_bw": mgmt_bw} if mgmt_bw else {})}
         self.oversubscription = hosts_per_leaf * host_bw / (spines * fabric_bw)
 
         spine_names = [self.add_fabric_switch("spine", i) for i in range(1, spines + 1)]
@@ -61,6 +65,7 @@ class LeafSpine(FabricTopo):
             for i, spine in enumerate(spine_names, start=1):
                 self.addLink(leaf, spine, port1=hosts_per_leaf + i, port2=j,
                              **self.shaped(fabric_bw, queue_bytes, netem))
+        self.add_mgmt_network(mgmt_bw, queue_bytes)
 
 
 class FatTree(FabricTopo):
@@ -76,16 +81,19 @@ class FatTree(FabricTopo):
     def build(self, k: int = 4, host_bw: float = DEFAULT_FABRIC_MBPS,
               fabric_bw: float = DEFAULT_FABRIC_MBPS,
               queue_bytes: int = DEFAULT_QUEUE_BYTES, link_delay_ms: float = 0.0,
-              link_jitter_ms: float = 0.0, link_loss_pct: float = 0.0) -> None:
+              link_jitter_ms: float = 0.0, link_loss_pct: float = 0.0,
+              mgmt_bw: float = 0.0) -> None:
         k = check_int("topology.k", k, 2, 16)
         if k % 2:
             raise TopologyError("topology.k", f"a fat-tree needs an even k, got {k}")
-        check_size("topology.k", f"k={k}", 5 * k * k // 4, k ** 3 // 4)
+        mgmt_bw = check_mgmt_bw(mgmt_bw)
+        check_size("topology.k", f"k={k}", 5 * k * k // 4 + bool(mgmt_bw), k ** 3 // 4)
         host_bw, fabric_bw, queue_bytes = check_links(host_bw, fabric_bw, queue_bytes)
         netem = check_fabric_netem(link_delay_ms, link_jitter_ms, link_loss_pct)
         self.params = {"k": k, "host_bw": host_bw, "fabric_bw": fabric_bw,
                        "queue_bytes": queue_bytes,
-                       **{f"link_{key}": v for key, v in netem.as_dict().items()}}
+                       **{f"link_{key}": v for key, v in netem.as_dict().items()},
+                       **({"mgmt_bw": mgmt_bw} if mgmt_bw else {})}
         half = k // 2
         self.oversubscription = half * host_bw / (half * fabric_bw)
         self.pods: dict[str, int] = {}
@@ -112,6 +120,7 @@ class FatTree(FabricTopo):
                     core = cores[(a - 1) * half + c - 1]
                     self.addLink(agg, core, port1=half + c, port2=pod,
                                  **self.shaped(fabric_bw, queue_bytes, netem))
+        self.add_mgmt_network(mgmt_bw, queue_bytes)
 
     def describe_switch(self, name: str) -> dict[str, object]:
         return {"pod": self.pods.get(name)}
@@ -157,6 +166,8 @@ def describe(topo: FabricTopo) -> dict[str, object]:
     """The ``topology`` section of result.json: nodes, links with ports and rates."""
     switches = []
     for name in topo.switches():
+        if not topo.on_fabric(name):        # the management LAN: its own section
+            continue
         info = topo.nodeInfo(name)
         entry: dict[str, object] = {"name": name, "role": topo.role(name),
                                     "dpid": int(str(info["dpid"]), 16)}
@@ -183,4 +194,5 @@ def describe(topo: FabricTopo) -> dict[str, object]:
                                "oversubscription": round(topo.oversubscription, 4),
                                "switches": switches, "hosts": hosts, "links": links}
     desc.update(topo.describe_extras())
+    desc.update(topo.describe_mgmt())
     return desc
