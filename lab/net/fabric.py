@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mininet.log import setLogLevel
 from mininet.net import Mininet
-from mininet.node import OVSSwitch, RemoteController
+from mininet.node import OVSBridge, OVSSwitch, RemoteController
 
 from controllers import config
 from lab.machine import state
@@ -47,6 +47,20 @@ class LabControllerRef(RemoteController):
 
     def checkListening(self) -> None:  # noqa: N802 - Mininet API name
         return
+
+
+def lab_switch(opts: dict[str, object], mgmt: frozenset[str], name: str,
+               **params: object) -> OVSSwitch:
+    """One of the topology's switches, as Mininet asks for it by name.
+
+    A fabric switch is fail-secure and programmed by the controller. A management switch
+    (``FabricTopo.add_mgmt_network``) is an ``OVSBridge``: no controller, fail mode
+    standalone, so OVS forwards with its own MAC learning (the NORMAL action) like a plain
+    LAN switch, and the fabric's ECMP logic never sees it. Both run in the same
+    ovs-vswitchd and datapath, so the lab records and removes their bridges alike.
+    """
+    cls = OVSBridge if name in mgmt else OVSSwitch
+    return cls(name, **{**opts, **params})
 
 
 class Fabric:
@@ -85,6 +99,9 @@ class Fabric:
         t0 = time.monotonic()
         setLogLevel("warning")
         bridges, intfs = planned_names(self.topo)
+        if self.cluster is not None and self.topo.mgmt_switches():
+            raise MachineError("topology.mgmt_bw", "a management network is not split over "
+                               "several machines yet; run it on one")
         if self.cluster is not None:
             self.cluster.open(self.record.run_id, self.record, self.run_dir)
             bridges, intfs = self.cluster.claim(bridges, intfs)
@@ -121,7 +138,8 @@ class Fabric:
         common = {"controller": ctrl, "autoSetMacs": False, "autoStaticArp": False,
                   "build": False, "waitConnected": False}
         if self.cluster is None:
-            self.net = Mininet(topo=self.topo, switch=partial(OVSSwitch, **switch),
+            self.net = Mininet(topo=self.topo,
+                               switch=partial(lab_switch, switch, self.topo.mgmt_switches()),
                                link=ShapedLink, **common)
         else:
             self.net = self.cluster.network(self.topo, LabRemoteSwitch, switch, **common)
@@ -188,15 +206,29 @@ class Fabric:
         Not Mininet's ``autoStaticArp``: it runs ``arp -s`` per pair through the shells
         and, for a node without a Mininet address (a router of ``lab.net.edge``), passes it
         "None", which ``arp`` tries to resolve as a host name.
+
+        The management network's addresses likewise, on each host's management interface:
+        its switch would flood and learn ARP, but then ARP frames would be counted on its
+        links along with the traffic they carry.
         """
         assert self.net is not None
         hosts = self.desc["hosts"]
+        mgmt = {h["name"]: h for h in self.mgmt_hosts()}
         for h in hosts:
             node = self.net.get(h["name"])
-            batch = "\n".join(f"neigh replace {o['ip']} lladdr {o['mac']} dev "
-                              f"{node.defaultIntf().name} nud permanent"
-                              for o in hosts if o is not h)
+            lines = [f"neigh replace {o['ip']} lladdr {o['mac']} dev "
+                     f"{node.defaultIntf().name} nud permanent" for o in hosts if o is not h]
+            mine = mgmt.get(h["name"])
+            if mine is not None:
+                lines += [f"neigh replace {o['ip']} lladdr {o['mac']} dev {mine['intf']} "
+                          "nud permanent" for o in mgmt.values() if o is not mine]
+            batch = "\n".join(lines)
             node.cmd(f"ip -batch - <<'EOF'\n{batch}\nEOF")
+
+    def mgmt_hosts(self) -> list[dict[str, object]]:
+        """The management network's host entries (name, ip, mac, intf); none without one."""
+        mgmt = self.desc.get("mgmt")
+        return list(mgmt["hosts"]) if isinstance(mgmt, dict) else []
 
     def pingall(self, timeout_s: float = 1.0) -> float:
         """Every host pings every other once; returns the loss in per cent."""
@@ -206,6 +238,14 @@ class Fabric:
             # (one ``ping`` per pair, through the hosts' shells) reaches every worker.
             return float(self.net.pingAll(timeout=str(max(1, round(timeout_s)))))
         return ping_all(self.net.hosts, timeout_s)
+
+    def pingall_mgmt(self, timeout_s: float = 1.0) -> float:
+        """Every host pings every other's management address once; the loss in per cent
+        (0 without a management network)."""
+        assert self.net is not None
+        mgmt = self.mgmt_hosts()
+        return ping_all([self.net.get(h["name"]) for h in mgmt], timeout_s,
+                        ips=[str(h["ip"]) for h in mgmt])
 
     def host(self, name: str):
         assert self.net is not None

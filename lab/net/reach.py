@@ -122,14 +122,16 @@ def _round(socks: list[socket.socket], ips: list[str], pairs: Iterable[tuple[int
     return lost
 
 
-def ping_all(hosts: list[Any], timeout_s: float = 1.0) -> float:
+def ping_all(hosts: list[Any], timeout_s: float = 1.0,
+             ips: list[str] | None = None) -> float:
     """Every host pings every other once (a lost pair once more); the loss in per cent.
 
-    ``hosts`` are Mininet hosts: their ``pid`` names the namespace, ``IP()`` the target.
+    ``hosts`` are Mininet hosts: their ``pid`` names the namespace, ``IP()`` the target,
+    unless ``ips`` names each host's target address (another network's, e.g. management).
     """
     if len(hosts) < 2:
         return 0.0
-    ips = [h.IP() for h in hosts]
+    ips = [h.IP() for h in hosts] if ips is None else list(ips)
     socks = [socket_in(h.pid, _raw_icmp) for h in hosts]
     ident = os.getpid() & 0xFFFF
     try:

@@ -24,8 +24,8 @@ CLI = [sys.executable, "-m", "lab.cli"]
 
 
 #: The names the lab and its tests give switches, routers, hosts and their interfaces.
-LAB_NODE = re.compile(r"(spine|leaf|core|agg|edge|psw)\d+")
-LAB_INTF = re.compile(r"(spine|leaf|core|agg|edge|psw|h|r|src|dst|border|isp|cdn|anchor|"
+LAB_NODE = re.compile(r"(spine|leaf|core|agg|edge|psw|mgmt)\d+")
+LAB_INTF = re.compile(r"(spine|leaf|core|agg|edge|psw|mgmt|h|r|src|dst|border|isp|cdn|anchor|"
                       r"viewer|dc|dccore)\d*-eth\d+")
 
 
