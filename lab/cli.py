@@ -176,6 +176,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
         spec["host_bw"] = args.host_bw
     if args.fabric_bw is not None:
         spec["fabric_bw"] = args.fabric_bw
+    if args.mgmt_bw is not None:
+        spec["mgmt_bw"] = args.mgmt_bw
     # Planning a split is for fabrics too large for one machine: its size guard is off.
     topo = make_topology(spec, machine_limits=args.workers is None)
     if args.workers is not None:
@@ -201,6 +203,8 @@ def _cmd_topo(args: argparse.Namespace) -> int:
             CLI(fabric.net)
         else:
             print(f"pingall loss {fabric.pingall():.0f}%")
+            if fabric.mgmt_hosts():
+                print(f"management pingall loss {fabric.pingall_mgmt():.0f}%")
     return 0
 
 
@@ -482,6 +486,8 @@ def _topo_parser(sub: Subparsers) -> None:
     t.add_argument("--k", type=int, default=4)
     t.add_argument("--host-bw", type=float)
     t.add_argument("--fabric-bw", type=float)
+    t.add_argument("--mgmt-bw", type=float, metavar="MBPS",
+                   help="add the management network: a second NIC per host on a slow L2 LAN")
     t.add_argument("--policy", default="ovs-select")
     t.add_argument("--seed", type=int, default=1)
     t.add_argument("--controller", choices=RUNTIMES)

@@ -26,9 +26,10 @@ from lab.net.topologies import make_topology
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, OVS)")
 
 MGMT_BW, HOST_BW, SECONDS = 10.0, 50.0, 4
-#: A TCP stream's ceiling at 1500-byte frames is 1448/1514 of the rate (9.56 Mbit/s at 10);
-#: a port's htb burst after idle can run a little ahead of it over a few seconds.
-RATE_LO, RATE_HI = 0.8 * MGMT_BW, 1.03 * MGMT_BW
+#: A lab link's rate is a wire rate: TCP's ceiling is 1448/1538 of it (9.41 Mbit/s at 10).
+#: A port runs ahead of its wire by one TSO packet at most, nothing over seconds.
+CEILING = MGMT_BW * 1448 / 1538
+RATE_LO, RATE_HI = 0.9 * CEILING, 1.02 * CEILING
 #: The port to the receiver counts every payload byte plus its headers: at least the
 #: payload, at most the payload as full 1514-byte frames of 1448 (TSO super-packets count
 #: their headers once, so the truth lies between), plus 1 % for the iperf3 control
