@@ -87,6 +87,12 @@ SCHEMA: dict[str, Param] = {
     "loader.prefetch": Param(int, 1, 64),
     "loader.batch_bytes": Param(int, 1, 1 << 28),
     "loader.cpu_ms": Param(float, 0, 60_000),
+    # bulk TCP flows beside the job (lab.kinds.collective.elephant): [source, destination]
+    # host pairs, their pacing (0: as fast as TCP goes), and whether each is put on a ring
+    # hop's uplink (the collision a per-flow hash makes by chance, made certain)
+    "elephant.pairs": Param(list),
+    "elephant.mbps": Param(float, 0, 100_000),
+    "elephant.collide": Param(bool),
     "ecn.marking": Param(str, choices=("off", "step", "red")),
     "ecn.k_rule": Param(str, choices=("fixed", "dctcp")),
     "ecn.ports": Param(list),
@@ -114,6 +120,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # PyTorch's DataLoader defaults where it has them (prefetch_factor 2); off: no input wait
     "loader": {"enabled": False, "workers": 2, "prefetch": 2, "batch_bytes": 256 * 1024,
                "cpu_ms": 0.0},
+    "elephant": {"pairs": [], "mbps": 0.0, "collide": True},
     # k_rule "fixed": step at k_bytes; "dctcp": step at the K DCTCP's guidance gives for the
     # marked port's rate and the job's measured RTT (controllers.marking.dctcp_k_bytes).
     "ecn": {"marking": "off", "ports": [], "k_bytes": 30_000, "kmin_bytes": 20_000,
@@ -210,6 +217,7 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
         raise ScenarioError(f("storage.link_mbps"), "sets the storage hosts' links; name "
                             "them in storage.hosts")
     check_loader(pp, f)
+    check_elephants(pp, topo_desc, f)
     free = sum(len(hs) for hs in candidate_hosts(topo_desc, pp).values())
     if n > free:
         raise ScenarioError(f("job.workers"), f"{n} workers need {n} hosts; the topology "
@@ -240,6 +248,49 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
                             "receiver; set job.pattern: incast")
     if pp["microburst"]["senders"] > n - 1:
         raise ScenarioError(f("microburst.senders"), f"at most {n - 1} (the job's senders)")
+
+
+def check_elephants(pp: dict[str, Any], topo_desc: dict[str, Any], f: Any) -> None:
+    """Every pair is two distinct hosts of the topology that neither store data nor (where
+    the placement is known before the run) run a rank; a colliding elephant's leaf has a
+    ring hop leaving it to collide with."""
+    el = pp["elephant"]
+    pairs = el["pairs"]
+    if not pairs:
+        return
+    leaf_of = {h: sw for sw in edge_switches(topo_desc) for h in hosts_of(topo_desc, sw)}
+    storage = set(pp["storage"]["hosts"])
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2
+                and all(isinstance(h, str) for h in pair)):
+            raise ScenarioError(f("elephant.pairs"), f"{pair!r}: expected [source, "
+                                "destination] host names")
+        src, dst = pair
+        for h in pair:
+            if h not in leaf_of:
+                raise ScenarioError(f("elephant.pairs"), f"no host {h!r} in the topology")
+            if h in storage:
+                raise ScenarioError(f("elephant.pairs"), f"{h} is a storage host")
+        if src == dst:
+            raise ScenarioError(f("elephant.pairs"), f"{src} -> {dst}: one host")
+    if pp["placement"]["hosts"] == "scattered":
+        return                              # known when the phase runs: checked then
+    hosts = place_workers(topo_desc, pp, random.Random(0))
+    for src, dst in pairs:
+        for h in (src, dst):
+            if h in hosts:
+                raise ScenarioError(f("elephant.pairs"), f"{h} runs a rank of the job; an "
+                                    "elephant shares the fabric, not a GPU's own link")
+    if el["collide"]:
+        ring = list(zip(hosts, hosts[1:] + hosts[:1], strict=True))
+        for src, dst in pairs:
+            if leaf_of[src] == leaf_of[dst]:
+                raise ScenarioError(f("elephant.pairs"), f"{src} -> {dst} stays in "
+                                    f"{leaf_of[src]}: it crosses no uplink to collide on")
+            if not any(leaf_of[a] == leaf_of[src] != leaf_of[b] for a, b in ring):
+                raise ScenarioError(f("elephant.collide"), f"no ring hop leaves "
+                                    f"{leaf_of[src]} ({src}'s leaf) for its elephant to "
+                                    "collide with")
 
 
 def check_loader(pp: dict[str, Any], f: Any) -> None:

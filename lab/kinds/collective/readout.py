@@ -36,6 +36,7 @@ class Drive:
     tcp1: dict[str, dict[str, int]] = field(default_factory=dict)
     capture: Any = None
     bursts: dict[str, Any] | None = None
+    elephants: Any = None          # lab.workloads.traffic.FlowRunner of the phase's elephants
 
 
 def sum_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
@@ -73,7 +74,7 @@ class JobReadout:
     def phase_result(self, ph: Phase, d: Drive) -> dict[str, Any]:
         """The phase's links, flows (paths from the switches' counters) and metrics."""
         pp, window, work = ph.pp, d.window, ph.work
-        all_conns = ph.conns + ph.sconns + ph.lconns
+        all_conns = ph.conns + ph.sconns + ph.lconns + ph.econns
         outputs = self.read_outputs(pp, ph.hosts, ph.conns, work)
         self.attach_results(ph.conns, outputs)
         flows = flow_entries([c.spec for c in all_conns], window.flow_deltas(), self.topo,

@@ -32,6 +32,7 @@ from lab.measure import ecnwire, telemetry
 from lab.measure.window import Window
 from lab.model.errors import MachineError
 from lab.model.flowpaths import attachment
+from lab.workloads.traffic import FlowRunner
 
 if TYPE_CHECKING:
     from lab.net.fabric import Fabric
@@ -39,6 +40,9 @@ if TYPE_CHECKING:
 #: Source ports come from below the kernel's ephemeral range, so a fixed ``bind`` never
 #: races a port the kernel handed to another socket.
 SPORT_RANGE = range(20000, 32000)
+#: How much longer than the job's estimate an elephant is asked to run: it is stopped
+#: when the job ends, so it never ends first.
+ELEPHANT_SPARE_S = 30.0
 TCP_COUNTERS = {"TcpExt": ("TCPTimeouts", "TCPLossProbes", "TCPFastRetrans"),
                 "Tcp": ("RetransSegs", "OutSegs")}
 
@@ -175,6 +179,13 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             if ph.sconns:
                 clients, storage_ready = self.start_storage(pp, ph.sconns, work, estimate)
                 procs += clients
+            if ph.econns:                        # the elephants run through the job
+                d.elephants = FlowRunner(self.fabric, [c.spec for c in ph.econns], work,
+                                         self.fabric.record)
+                d.elephants.start_servers()
+                d.elephants.start_clients(estimate + ELEPHANT_SPARE_S)
+                if d.elephants.wait_connected() is None:
+                    raise MachineError("elephant.pairs", "an elephant did not connect")
             if job["pattern"] == "incast":
                 rx = ph.conns[0].spec.dst
                 d.capture = ecnwire.start_capture(self.host(rx).popen,
@@ -199,6 +210,8 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             for p in procs:                      # storage: stop it with the job
                 if p.poll() is None:
                     p.send_signal(signal.SIGTERM)
+            if d.elephants is not None:          # and the elephants: counted on the switches
+                d.elephants.stop()
             for p in procs:
                 wait(p, 5)
             remote.fetch(work)                   # what ranks on other workers wrote
@@ -214,6 +227,8 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
                     p.wait()
             if d.capture is not None and d.capture.proc.poll() is None:
                 d.capture.proc.kill()
+            if d.elephants is not None:
+                d.elephants.stop()
             sampler.stop()
         return d
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from controllers.marking import dctcp_k_bytes
 from lab.kinds.base import Plan
+from lab.kinds.collective import elephant
 from lab.kinds.collective import plan as planning
 from lab.kinds.collective.plan import RECEIVER_CC, Conn
 from lab.measure import telemetry
@@ -58,6 +59,7 @@ class Phase:
     marking: dict[str, Any] | None
     k_rule: dict[str, Any] | None
     lconns: list[Conn] = field(default_factory=list)
+    econns: list[Conn] = field(default_factory=list)
 
 
 class JobSetup:
@@ -148,13 +150,17 @@ class JobSetup:
         return pp["placement"]["receiver"] or hosts[0]
 
     # -- controller: paths and marking ----------------------------------------------------------
-    def set_paths(self, pp: dict[str, Any], conns: list[Conn]) -> list[dict[str, Any]]:
-        """Pin the job's connections (``balanced``) or hand them back to the policy."""
+    def set_paths(self, pp: dict[str, Any], conns: list[Conn],
+                  econns: list[Conn]) -> list[dict[str, Any]]:
+        """Pin the job's connections (``balanced``) or hand them back to the policy; pin
+        colliding elephants onto a ring hop's uplink (``elephant.collide``)."""
         pins: list[dict[str, Any]] = []
+        up = planning.uplink_ports(self.topo)
         if pp["placement"]["paths"] == "balanced":
-            up = planning.uplink_ports(self.topo)
             pins = planning.balanced_pins([c for c in conns if c.spec.kind == "allreduce"],
                                       self.leaf_of, up)
+        if econns and pp["elephant"]["collide"]:
+            pins += elephant.collision_pins(econns, conns, self.leaf_of, up, pins)
         self.request({"cmd": "pin", "flows": pins})
         return pins
 
@@ -251,7 +257,9 @@ class JobSetup:
         conns = self.conns_for(pp, hosts)
         sconns = self.storage_conns(pp, hosts)
         lconns = self.loader_conns(pp, hosts)
-        pinned = self.set_paths(pp, conns)
+        econns = elephant.conns(pp, self.ips, self.sports, self.next_index)
+        self.next_index += len(econns)
+        pinned = self.set_paths(pp, conns, econns)
         k_rule = None
         if pp["ecn"]["k_rule"] == "dctcp" and pp["ecn"]["marking"] == "step":
             pp, k_rule = self.dctcp_k(pp, conns)
@@ -260,6 +268,7 @@ class JobSetup:
         ecn_flag = 1 if pp["job"]["ecn"] else 0
         for h in {*hosts, *pp["storage"]["hosts"]}:
             self.host(h).cmd(f"sysctl -qw net.ipv4.tcp_ecn={ecn_flag}")
-        watch = [e for c in conns + sconns + lconns for e in c.spec.watch_entries(c.index)]
+        watch = [e for c in conns + sconns + lconns + econns
+                 for e in c.spec.watch_entries(c.index)]
         self.request({"cmd": "watch", "flows": watch})
-        return Phase(pp, work, hosts, conns, sconns, pinned, marking, k_rule, lconns)
+        return Phase(pp, work, hosts, conns, sconns, pinned, marking, k_rule, lconns, econns)
