@@ -19,6 +19,7 @@ Pure functions over result.json.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 #: A cause is named when it holds the GPUs for at least this share of step time: a tenth of
@@ -28,6 +29,9 @@ NAMED_MIN_SHARE = 0.10
 
 #: What each cause suggests, in the operator's words.
 FIXES = {
+    "placement": "place the job's ranks in as few racks as it fits in, in ring order "
+                 "(a topology-aware scheduler): its all-reduce then crosses no slower "
+                 "shared layer it does not need",
     "data": "feed the loaders faster: a faster or separate storage network, more storage "
             "hosts, or caching the dataset nearer the GPUs",
     "cpu": "more loader workers, lighter or offloaded preprocessing, or more CPU per GPU",
@@ -36,6 +40,23 @@ FIXES = {
     "straggler": "find the slow rank: its step is longer than the others' before the "
                  "all-reduce",
 }
+
+
+#: A rank whose mean compute is this much longer than the fastest rank's is a straggler,
+#: and the others' barrier waits for it; below it, compute is the same model on every rank
+#: (measured spread 1.00-1.02) and the barrier waits for all-reduces still running.
+STRAGGLER_SPREAD = 1.2
+
+
+def compute_spread(details: dict[str, Any]) -> float:
+    """The slowest rank's mean compute over the fastest's, over measured steps (1.0 when
+    there is nothing to compare)."""
+    means = []
+    for rk in details.get("gpu_wait", {}).get("ranks", []):
+        rows = [s["compute_s"] for s in rk.get("steps", []) if not s.get("warmup")]
+        if rows:
+            means.append(sum(rows) / len(rows))
+    return max(means) / min(means) if means and min(means) > 0 else 1.0
 
 
 def _loader_split(details: dict[str, Any]) -> tuple[float, float, int, int]:
@@ -69,11 +90,78 @@ def storage_links(details: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _job_hosts(details: dict[str, Any]) -> list[str]:
+    """The hosts the job's all-reduce connections leave from: its ranks' placement."""
+    return sorted({f["src"] for f in details.get("flows", []) if f.get("kind") == "allreduce"})
+
+
+def best_bottleneck_bps(topology: dict[str, Any], details: dict[str, Any]) -> float | None:
+    """The slowest link a ring of the job's size would cross if placed as well as this
+    fabric allows: inside one leaf when some leaf has that many hosts free of storage (its
+    hosts' own links), else across the spines (the slower of host and leaf-spine links).
+    None when the phase has no all-reduce to place."""
+    hosts = _job_hosts(details)
+    if not hosts:
+        return None
+    roles = {sw["name"]: sw["role"] for sw in topology.get("switches", [])}
+    storage = {f["src"] for f in details.get("flows", []) if f.get("kind") == "loader"}
+    per_leaf: dict[str, int] = {}
+    host_bw, fabric_bw = [], []
+    for ln in topology.get("links", []):
+        a, b = ln["a"], ln["b"]
+        if roles.get(b) == "leaf" and a not in roles:
+            if a not in storage:
+                per_leaf[b] = per_leaf.get(b, 0) + 1
+            if a in hosts:
+                host_bw.append(ln["bw_mbps"])
+        elif roles.get(a) == "leaf" and roles.get(b) == "spine":
+            fabric_bw.append(ln["bw_mbps"])
+    if not host_bw:
+        return None
+    best = min(host_bw)
+    if len(hosts) > max(per_leaf.values(), default=0) and fabric_bw:
+        best = min(best, min(fabric_bw))
+    return best * 1e6
+
+
+def shared_links(details: dict[str, Any]) -> list[dict[str, Any]]:
+    """The links the job's all-reduce crossed (data direction), each with the bytes the
+    job's own connections and every other kind of flow sent over it, most shared first.
+
+    A flow's bytes on the link from switch s are the bytes s counted for it (its
+    ``hop_bytes``): what s forwarded onto that link."""
+    links = {(ln["node"], ln["peer"]): ln for ln in details.get("links", [])}
+    per: dict[tuple[str, str], dict[str, int]] = {}
+    job: set[tuple[str, str]] = set()
+    for f in details.get("flows", []):
+        hops = [*f.get("path", []), f["dst"]]
+        for sw, nxt in itertools.pairwise(hops):
+            key = (sw, nxt)
+            if key not in links:
+                continue
+            sent = (f.get("hop_bytes") or {}).get(sw, 0)
+            kinds = per.setdefault(key, {})
+            kinds[f["kind"]] = kinds.get(f["kind"], 0) + sent
+            if f.get("kind") == "allreduce":
+                job.add(key)
+    out = []
+    for key in job:
+        kinds = per[key]
+        total = sum(kinds.values())
+        other = total - kinds.get("allreduce", 0)
+        ln = links[key]
+        out.append({"link": f"{key[0]}->{key[1]}", "util": ln.get("util_mean"),
+                    "drops": ln.get("drops", 0), "bytes": kinds,
+                    "other_share": round(other / total, 3) if total else 0.0})
+    return sorted(out, key=lambda x: (-x["other_share"], -(x["util"] or 0)))
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:.0f}%"
 
 
-def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any]) -> dict[str, Any]:
+def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
+                   topology: dict[str, Any]) -> dict[str, Any]:
     """One phase's GPU idle time, ranked by cause (see the module's docstring)."""
     gw = metrics["gpu_wait"]
     crit = gw["critical_share"]
@@ -82,10 +170,23 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any]) -> dict[str
     fetch_frac = fetch / (fetch + prep) if fetch + prep > 0 else 0.0
     step = metrics.get("step_mean_s") or 0.0
     ideal = (metrics.get("ideal_comm_s") or 0.0) / step if step else 0.0
-    excess_comm = max(0.0, crit["exposed_comm"] - ideal)
+    # The ideal all-reduce scales with 1/bottleneck rate: placed as well as the fabric
+    # allows, it would cross the best bottleneck; the rest of its ideal is the placement's.
+    now_bps = metrics.get("bottleneck_bps") or 0.0
+    best_bps = best_bottleneck_bps(topology, details)
+    ideal_best = ideal * now_bps / best_bps if best_bps and now_bps else ideal
+    placed = max(0.0, min(crit["exposed_comm"], ideal) - ideal_best)
+    # The barrier is a wait for ranks still busy: still computing (a straggler: its
+    # compute is longer than the others') or still in their all-reduce (the network's).
+    spread = compute_spread(details)
+    straggler = crit["barrier"] if spread > STRAGGLER_SPREAD else 0.0
+    excess_comm = max(0.0, crit["exposed_comm"] + crit["barrier"] - straggler - ideal)
     shares = {"data": crit["data_wait"] * fetch_frac,
               "cpu": crit["data_wait"] * (1.0 - fetch_frac),
-              "network": excess_comm, "straggler": crit["barrier"]}
+              "placement": placed, "network": excess_comm, "straggler": straggler}
+    shared = shared_links(details)
+    hops = len(_job_hosts(details))
+    crossed = sum(1 for sh in shared if sh["link"].split("->")[1].startswith("spine"))
     links = storage_links(details)
     hot = [s for s in links if s["util"] is not None]
     per_batch = (lambda s: s / batches * 1000) if batches else (lambda s: 0.0)
@@ -100,10 +201,20 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any]) -> dict[str
                 f"{_pct(1 - fetch_frac)} of their time preprocessing ({per_batch(prep):.0f} "
                 f"ms a batch, {workers} workers in all); loader queue empty in "
                 f"{gw['queue_empty_steps']} of {gw['rank_steps']} steps"),
+        "placement": (f"the ring's bottleneck is {now_bps / 1e6:g} Mbit/s where a placement "
+                      f"of its {hops} ranks in one rack would give "
+                      f"{(best_bps or now_bps) / 1e6:g} Mbit/s; its hops cross {crossed} leaf "
+                      f"uplinks; ideal all-reduce {_pct(ideal)} of the step against "
+                      f"{_pct(ideal_best)} placed well"),
         "network": (f"all-reduce exposed {_pct(crit['exposed_comm'])} of the step against "
                     f"{_pct(ideal)} ideal for its bottleneck; {metrics.get('drops', 0)} drops, "
-                    f"{metrics.get('retransmits', 0)} retransmits"),
-        "straggler": f"the last rank waited {_pct(crit['barrier'])} of the step at the barrier",
+                    f"{metrics.get('retransmits', 0)} retransmits"
+                    + (f"; {shared[0]['link']} carried {_pct(shared[0]['other_share'])} "
+                       f"other traffic ({_other_kinds(shared[0])}) at "
+                       f"{_pct(shared[0]['util'] or 0)}, {shared[0]['drops']} drops"
+                       if shared and shared[0]["other_share"] > 0 else "")),
+        "straggler": (f"the last rank waited {_pct(crit['barrier'])} of the step at the "
+                      f"barrier; the slowest rank's compute is {spread:.2f}x the fastest's"),
     }
     causes = sorted(({"cause": c, "share_of_step": round(v, 4),
                       "share_of_idle": round(v / idle, 4) if idle else 0.0,
@@ -111,14 +222,24 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any]) -> dict[str
                      for c, v in shares.items()), key=lambda x: -x["share_of_step"])
     named = [c["cause"] for c in causes if c["share_of_step"] >= NAMED_MIN_SHARE]
     return {"gpu_idle_share": round(idle, 4), "ideal_comm_share": round(ideal, 4),
-            "named": named, "causes": causes, "storage_links": links}
+            "placed_ideal_comm_share": round(ideal_best, 4),
+            "named": named, "causes": causes, "storage_links": links,
+            "shared_links": shared[:3]}
+
+
+def _other_kinds(link: dict[str, Any]) -> str:
+    """The kinds of flow besides the job's on a link, by bytes, as text."""
+    other = {k: v for k, v in link["bytes"].items() if k != "allreduce" and v}
+    return ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in
+                     sorted(other.items(), key=lambda kv: -kv[1]))
 
 
 def diagnose(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Every phase with the ranks' step parts: {phase: its diagnosis}."""
     phases = result.get("metrics", {}).get("phases", {})
     details = result.get("phase_details", {})
-    return {name: diagnose_phase(m, details.get(name, {}))
+    topology = result.get("topology", {})
+    return {name: diagnose_phase(m, details.get(name, {}), topology)
             for name, m in phases.items() if m.get("gpu_wait")}
 
 

@@ -350,7 +350,8 @@ def assemble(plan: Plan, phases: dict[str, Any], loss: float,
     part["fidelity"]["notes"] += [f"{n}: {e}" for n, p in phases.items()
                                   for e in p["metrics"]["errors"]]
     if any("gpu_wait" in p for p in phases.values()):
-        part["diagnosis"] = {"gpu_wait": gpu_diagnosis.diagnose(part)}
+        part["diagnosis"] = {"gpu_wait": gpu_diagnosis.diagnose(
+            {**part, "topology": plan.topo_desc})}
     return part
 
 
