@@ -43,12 +43,16 @@ DATA_LINK_UTIL_MIN = 0.6
 #: Healthy GPUs idle for the all-reduce's own time (its ideal at the bottleneck rate) and
 #: at most this much more: 41 % idle against a 40 % ideal measured.
 HEALTHY_IDLE_OVER_IDEAL_MAX = 0.05
+#: The network phase's all-reduce against its ideal at the bottleneck: 3.0 measured
+#: (the ring hop gets a third to a half of the uplink beside the elephant).
+NETWORK_COMM_VS_IDEAL_MIN = 1.8
 #: A batch on the wire: its payload plus TCP/IP headers and the request's ACKs' share.
 WIRE_OVERHEAD_MAX = 1.10
 
 
 #: What each phase injects, for this test only: the diagnosis never sees it.
-INJECTED = {"healthy": [], "cpu": ["cpu"], "data": ["data"]}
+INJECTED = {"healthy": [], "cpu": ["cpu"], "data": ["data"], "placement": ["placement"],
+            "network": ["network"]}
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=lambda s: f"seed{s}")
@@ -147,7 +151,7 @@ def test_loader_bytes_cross_the_fabric(r: dict) -> None:
             assert len(rank["loader"]["per_worker"]) == rank["loader"]["workers"]
             for w in rank["loader"]["per_worker"]:
                 f = flows[(w["src"], w["sport"])]
-                assert w["bytes"] > 0 and len(f["path"]) == 3, (name, f["id"], f["path"])
+                assert w["bytes"] > 0 and f["path"], (name, f["id"], f["path"])
                 assert w["bytes"] <= f["bytes"] <= w["bytes"] * WIRE_OVERHEAD_MAX, \
                     (name, f["id"], f["bytes"], w["bytes"])
                 taken += w["bytes"]
@@ -168,14 +172,14 @@ def test_a_cpu_bound_loader_leaves_the_emulation_its_cpu(r: dict) -> None:
 
 
 def test_slow_storage_links_make_the_gpus_wait_for_data(r: dict) -> None:
-    """The storage rack's links at 2 Mbit/s against the loaders' demand (three ranks' 64 KiB
-    per step): the loaders spend their time fetching, the links run near their rate."""
+    """The storage rack's links at 0.5 Mbit/s against the loaders' demand (four ranks'
+    16 KiB per step): the loaders spend their time fetching, the links run near their rate."""
     crit = phase(r, "data")["gpu_wait"]["critical_share"]
     assert crit["data_wait"] > DATA_CRITICAL_DATA_WAIT_MIN, crit
     links = diagnosis.storage_links(r["phase_details"]["data"])
     assert {s["host"] for s in links} == set(r["params"]["storage"]["hosts"])
     for s in links:
-        assert s["bw_mbps"] == 2.0 and s["util"] > DATA_LINK_UTIL_MIN, links
+        assert s["bw_mbps"] == 0.5 and s["util"] > DATA_LINK_UTIL_MIN, links
 
 
 def test_the_diagnosis_names_the_injected_cause_from_measurements_alone(r: dict) -> None:
@@ -190,3 +194,27 @@ def test_the_diagnosis_names_the_injected_cause_from_measurements_alone(r: dict)
         assert r["diagnosis"]["gpu_wait"][name]["named"] == d["named"]
     healthy = got[s["alias"]["healthy"]]
     assert healthy["gpu_idle_share"] < HEALTHY_IDLE_OVER_IDEAL_MAX + healthy["ideal_comm_share"]
+
+
+def test_a_topology_blind_placement_crosses_the_spines(r: dict) -> None:
+    """Interleaved, every rank's next rank is in another rack but one: the ring's bottleneck
+    is a 20 Mbit/s uplink where one rack would give its 50 Mbit/s NICs, and its all-reduce
+    takes what that rate gives (no more: nothing else shares its links)."""
+    m = phase(r, "placement")
+    assert m["bottleneck_bps"] == 20e6 and phase(r, "healthy")["bottleneck_bps"] == 50e6
+    assert m["comm_vs_ideal"] < 1.3, m["comm_vs_ideal"]
+    crossing = [f for f in r["phase_details"]["placement"]["flows"]
+                if f["kind"] == "allreduce" and any(s.startswith("spine") for s in f["path"])]
+    assert len(crossing) == 3, [f["path"] for f in crossing]
+
+
+def test_an_elephant_on_the_rings_uplink_makes_the_gpus_wait(r: dict) -> None:
+    """The elephant and a ring hop pinned onto one leaf uplink: that link carries both, full
+    and dropping, and the all-reduce takes well over its ideal."""
+    m, d = phase(r, "network"), r["phase_details"]["network"]
+    el = [f for f in d["flows"] if f["kind"] == "elephant"]
+    assert len(el) == 1 and el[0]["bytes"] > 0
+    hop = el[0]["path"][:2]
+    shared = [f for f in d["flows"] if f["kind"] == "allreduce" and f["path"][:2] == hop]
+    assert shared, (hop, [f["path"] for f in d["flows"] if f["kind"] == "allreduce"])
+    assert m["comm_vs_ideal"] > NETWORK_COMM_VS_IDEAL_MIN, m["comm_vs_ideal"]
