@@ -258,7 +258,8 @@ class RingRank:
         self.t_ready: float | None = None
         self.loader: Loader | None = None
         if args.storage:
-            self.loader = Loader(args.storage, args.bind, args.loader_sports, args.prefetch,
+            self.loader = Loader(args.storage, args.loader_bind or args.bind,
+                                 args.loader_sports, args.prefetch,
                                  args.batch_bytes, args.cpu_ms,
                                  args.steps * max(1, len(self.sweep)))
 

@@ -67,7 +67,8 @@ congestion control in use), ``clock: "monotonic"``, ``t_ready`` (start barrier d
   the worker measured), ``prep_wall_s`` (the same preprocessing in wall time: longer on a busy
   host), ``cpu_s`` (the whole worker process, from the kernel), ``exit`` (its exit status;
   −9: killed), and its storage connection as in ``connections`` (no ``epoch``). Worker i
-  connects from ``--bind`` and the i-th ``--loader-sports`` port to storage host i mod S,
+  connects from ``--loader-bind`` (default ``--bind``) and the i-th ``--loader-sports`` port
+  to storage host i mod S,
   each a ``storage serve`` (:mod:`lab.agents.storage`) answering batch requests. Batch i comes
   from worker i mod N; ``--prefetch`` K batches are requested per worker (PyTorch's
   ``prefetch_factor``), each worker fetches ``--batch-bytes`` then burns ``--cpu-ms`` of CPU.
@@ -400,6 +401,9 @@ def _loader_flags(ring: argparse.ArgumentParser) -> None:
                       help="CPU milliseconds a worker burns preprocessing a batch")
     ring.add_argument("--loader-sports", type=_ports,
                       help="source ports of the workers' storage connections, one per worker")
+    ring.add_argument("--loader-bind",
+                      help="source IP of the storage connections (default: --bind); the "
+                      "job's own connections may use another interface than its input's")
 
 
 def build_parser() -> argparse.ArgumentParser:

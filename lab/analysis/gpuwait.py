@@ -35,6 +35,8 @@ FIXES = {
     "data": "feed the loaders faster: a faster or separate storage network, more storage "
             "hosts, or caching the dataset nearer the GPUs",
     "cpu": "more loader workers, lighter or offloaded preprocessing, or more CPU per GPU",
+    "interface": "bind the collective to the fabric's NIC (NCCL_SOCKET_IFNAME / "
+                 "GLOO_SOCKET_IFNAME), not the management network's",
     "network": "spread the job's flows (another hash policy, pinned paths) or give the "
                "job's links the capacity its all-reduce needs",
     "straggler": "find the slow rank: its step is longer than the others' before the "
@@ -156,6 +158,30 @@ def shared_links(details: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda x: (-x["other_share"], -(x["util"] or 0)))
 
 
+def off_fabric(details: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's all-reduce connections that did not use the fabric's interface (the
+    address each connection used, as its switches and its ends saw it)."""
+    return [f for f in details.get("flows", []) if f.get("kind") == "allreduce"
+            and f.get("interface", "fabric") != "fabric"]
+
+
+def _off_fabric_text(flows: list[dict[str, Any]], details: dict[str, Any]) -> str:
+    """Which network they used and what its links carried, as text."""
+    if not flows:
+        return ""
+    nets = sorted({f["interface"] for f in flows})
+    via = sorted({sw for f in flows for sw in f.get("path", [])})
+    links = [ln for ln in details.get("links", []) if ln["node"] in via]
+    carried = sum(ln["tx_bytes"] for ln in links)
+    busiest = max(links, key=lambda ln: ln.get("util_mean") or 0, default=None)
+    text = (f"{', '.join(nets)} network via {', '.join(via)}, from {flows[0]['src_ip']}; "
+            f"its ports carried {carried / 1e6:.1f} MB")
+    if busiest is not None:
+        text += (f", {busiest['node']}->{busiest['peer']} at "
+                 f"{_pct(busiest.get('util_mean') or 0)} of {busiest['bw_mbps']:g} Mbit/s")
+    return text
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:.0f}%"
 
@@ -176,6 +202,9 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
     best_bps = best_bottleneck_bps(topology, details)
     ideal_best = ideal * now_bps / best_bps if best_bps and now_bps else ideal
     placed = max(0.0, min(crit["exposed_comm"], ideal) - ideal_best)
+    # On a NIC that is not the fabric's, the gap to the well-placed ideal is the interface's.
+    wrong_nic = off_fabric(details)
+    interface, placed = (placed, 0.0) if wrong_nic else (0.0, placed)
     # The barrier is a wait for ranks still busy: still computing (a straggler: its
     # compute is longer than the others') or still in their all-reduce (the network's).
     spread = compute_spread(details)
@@ -183,7 +212,8 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
     excess_comm = max(0.0, crit["exposed_comm"] + crit["barrier"] - straggler - ideal)
     shares = {"data": crit["data_wait"] * fetch_frac,
               "cpu": crit["data_wait"] * (1.0 - fetch_frac),
-              "placement": placed, "network": excess_comm, "straggler": straggler}
+              "placement": placed, "interface": interface, "network": excess_comm,
+              "straggler": straggler}
     shared = shared_links(details)
     hops = len(_job_hosts(details))
     crossed = sum(1 for sh in shared if sh["link"].split("->")[1].startswith("spine"))
@@ -206,6 +236,10 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
                       f"{(best_bps or now_bps) / 1e6:g} Mbit/s; its hops cross {crossed} leaf "
                       f"uplinks; ideal all-reduce {_pct(ideal)} of the step against "
                       f"{_pct(ideal_best)} placed well"),
+        "interface": (f"{len(wrong_nic)} of the job's all-reduce connections ran off the "
+                      f"fabric ({_off_fabric_text(wrong_nic, details)}); its bottleneck is "
+                      f"{now_bps / 1e6:g} Mbit/s where the fabric's NICs give "
+                      f"{(best_bps or now_bps) / 1e6:g} Mbit/s"),
         "network": (f"all-reduce exposed {_pct(crit['exposed_comm'])} of the step against "
                     f"{_pct(ideal)} ideal for its bottleneck; {metrics.get('drops', 0)} drops, "
                     f"{metrics.get('retransmits', 0)} retransmits"

@@ -69,6 +69,9 @@ SCHEMA: dict[str, Param] = {
     "job.epoch_steps": Param(int, 0, 10_000),
     "job.cc": Param(str, choices=("cubic", "reno", "bbr", "dctcp")),
     "job.ecn": Param(bool),
+    # the ranks' network: the fabric, or the hosts' management NICs (topology.mgmt_bw), as a
+    # collective bound to the wrong interface (a wrong NCCL_SOCKET_IFNAME) would be
+    "job.interface": Param(str, choices=("fabric", "mgmt")),
     "placement.hosts": Param(str, choices=("packed", "interleaved", "scattered")),
     "placement.paths": Param(str, choices=("hash", "balanced")),
     "placement.receiver": Param(str),
@@ -113,7 +116,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
             "bucket_cap_mb": 25.0, "first_bucket_mb": 1.0, "workers": 8, "size_bytes": 1 << 20,
             "sizes": [], "steps": 20, "warmup": 1,
             "compute_s": 0.05, "jitter_s": 0.0, "buckets": 1, "straggler_rank": -1,
-            "straggler_s": 0.0, "epoch_steps": 0, "cc": "cubic", "ecn": False},
+            "straggler_s": 0.0, "epoch_steps": 0, "cc": "cubic", "ecn": False,
+            "interface": "fabric"},
     "placement": {"hosts": "packed", "paths": "hash", "receiver": ""},
     "storage": {"mode": "off", "hosts": [], "read_mbps": 1.0, "checkpoint_bytes": 2 << 20,
                 "every_s": 2.5, "first_at_s": 1.0, "link_mbps": 0.0},
@@ -218,6 +222,14 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
                             "them in storage.hosts")
     check_loader(pp, f)
     check_elephants(pp, topo_desc, f)
+    if job["interface"] == "mgmt":
+        if not topo_desc.get("mgmt"):
+            raise ScenarioError(f("job.interface"), "this topology has no management network "
+                                "(set topology.mgmt_bw)")
+        if job["library"] != "synthetic" or job["pattern"] != "ring":
+            raise ScenarioError(f("job.interface"), "the lab binds the synthetic ring's "
+                                "ranks to an interface, not "
+                                f"{job['library']} {job['pattern']}")
     free = sum(len(hs) for hs in candidate_hosts(topo_desc, pp).values())
     if n > free:
         raise ScenarioError(f("job.workers"), f"{n} workers need {n} hosts; the topology "

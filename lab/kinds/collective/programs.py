@@ -41,6 +41,13 @@ class JobPrograms:
     def host(self, name: str) -> Any:
         return self.fabric.host(name)
 
+    def job_ips(self, pp: dict[str, Any]) -> dict[str, str]:
+        """{host: the address its ranks use}: the fabric's, or with ``job.interface: mgmt``
+        the management network's (a collective bound to the wrong NIC)."""
+        if pp["job"]["interface"] == "mgmt":
+            return {h["name"]: h["ip"] for h in self.plan.topo_desc["mgmt"]["hosts"]}
+        return self.ips
+
     def spawn(self, host: str, argv: list[str], log: Path, what: str) -> subprocess.Popen:
         return programs.spawn(self.fabric, host, argv, log, what)
 
@@ -92,10 +99,13 @@ class JobPrograms:
 
     def phase_ports(self, pp: dict[str, Any]) -> list[telemetry.Port]:
         """The fabric's ports at the phase's rates: the storage hosts' at
-        ``storage.link_mbps`` when a phase sets it, so utilisation is of the rate in force."""
+        ``storage.link_mbps`` when a phase sets it, so utilisation is of the rate in force;
+        and the management LAN's when the job runs on it."""
         slow, storage = pp["storage"]["link_mbps"], set(pp["storage"]["hosts"])
+        mgmt = telemetry.mgmt_ports(self.plan.topo_desc) \
+            if pp["job"]["interface"] == "mgmt" else []
         return [dataclasses.replace(p, bw_mbps=slow) if slow and p.peer in storage else p
-                for p in self.ports]
+                for p in self.ports] + mgmt
 
     def start_storage_servers(self, pp: dict[str, Any], work: Path) -> list[subprocess.Popen]:
         """One ``storage serve`` per storage host, listening before this returns.
@@ -151,15 +161,16 @@ class JobPrograms:
                    work: Path, lconns: list[Conn]) -> list[subprocess.Popen]:
         job = pp["job"]
         n = len(hosts)
+        ips = self.job_ips(pp)
         procs = []
         for r, h in enumerate(hosts):
             sports = [c.spec.sport for c in sorted(conns, key=lambda c: c.epoch)
                       if c.rank == r]
             nxt = hosts[(r + 1) % n]
             argv = [*agents.command("worker"), "ring", "--rank", str(r),
-                    "--world", str(n), "--listen", f"{self.ips[h]}:{planning.RING_PORT + r}",
-                    "--next", f"{self.ips[nxt]}:{planning.RING_PORT + (r + 1) % n}",
-                    "--bind", self.ips[h], "--sports", ",".join(map(str, sports)),
+                    "--world", str(n), "--listen", f"{ips[h]}:{planning.RING_PORT + r}",
+                    "--next", f"{ips[nxt]}:{planning.RING_PORT + (r + 1) % n}",
+                    "--bind", ips[h], "--sports", ",".join(map(str, sports)),
                     "--size", str(job["size_bytes"]), "--steps", str(job["steps"]),
                     "--warmup", str(job["warmup"]), "--compute-s", str(job["compute_s"]),
                     "--jitter-s", str(job["jitter_s"]), "--seed", str(self.plan.params["seed"]),
@@ -276,6 +287,7 @@ def loader_args(pp: dict[str, Any], conns: list[Conn]) -> list[str]:
     ld = pp["loader"]
     return ["--storage", ",".join(f"{c.spec.src_ip}:{c.spec.sport}" for c in conns),
             "--loader-sports", ",".join(str(c.spec.dport) for c in conns),
+            "--loader-bind", conns[0].spec.dst_ip,
             "--loader-workers", str(ld["workers"]), "--prefetch", str(ld["prefetch"]),
             "--batch-bytes", str(ld["batch_bytes"]), "--cpu-ms", str(ld["cpu_ms"])]
 

@@ -81,6 +81,7 @@ class JobReadout:
                              [c.index for c in all_conns])
         for f, c in zip(flows, all_conns, strict=True):
             f["epoch"], f["rank"] = c.epoch, c.rank
+        self.mark_mgmt_flows(flows)
         links = window.links()
         for ln in links:
             c0, c1 = d.ecn0.get(ln["intf"], {}), d.ecn1.get(ln["intf"], {})
@@ -146,6 +147,18 @@ class JobReadout:
                                    if o.get("algorithm")), None),
                 "seen": gloo.algorithm_seen(flows, n, ph.pp["job"]["size_bytes"], per_epoch),
                 "connections_per_pair": gloo.connections_per_pair(ph.conns, n)}
+
+    def mark_mgmt_flows(self, flows: list[dict[str, Any]]) -> None:
+        """Flows between management addresses crossed the management LAN's one switch:
+        their path is that switch and their ``interface`` says so. It is a plain L2 bridge
+        that counts ports, not flows, so their switch-counted bytes stay 0; the LAN's ports
+        (in the phase's links) and the senders' own ``sent_bytes`` say what they carried."""
+        mgmt = self.topo.get("mgmt") or {}
+        ips = {h["ip"] for h in mgmt.get("hosts", [])}
+        for f in flows:
+            f["interface"] = "mgmt" if f["src_ip"] in ips else "fabric"
+            if f["interface"] == "mgmt":
+                f["path"] = [sw["name"] for sw in mgmt["switches"]]
 
     @staticmethod
     def fidelity_window(outputs: list[dict[str, Any]], d: Drive) -> tuple[float, float]:

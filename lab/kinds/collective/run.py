@@ -107,7 +107,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
         self.leaf_of = attachment(self.topo)
         self.ports = telemetry.fabric_ports(self.topo)
         self.bw = {}
-        for ln in self.topo["links"]:
+        for ln in [*self.topo["links"], *(self.topo.get("mgmt") or {}).get("links", [])]:
             self.bw[(ln["a"], ln["b"])] = self.bw[(ln["b"], ln["a"])] = ln["bw_mbps"] * 1e6
         self.next_index = 0
         self.marked: set[str] = set()

@@ -78,6 +78,7 @@ class JobSetup:
     work: Path
 
     host: Callable[[str], Any]                          # JobPrograms': a fabric host
+    job_ips: Callable[[dict[str, Any]], dict[str, str]]  # JobPrograms': the job's addresses
     request: Callable[[dict[str, Any]], dict[str, Any]]  # JobRun's: the controller's answer
 
     # -- planning -----------------------------------------------------------------------------
@@ -86,7 +87,8 @@ class JobSetup:
         if job["library"] == "gloo":
             return []                   # gloo numbers its own: found after rendezvous
         if job["pattern"] == "ring":
-            conns = planning.ring_conns(hosts, self.ips, job, self.sports, self.next_index)
+            conns = planning.ring_conns(hosts, self.job_ips(pp), job, self.sports,
+                                        self.next_index)
         else:
             rx = self.receiver(pp, hosts)
             conns = []
