@@ -52,7 +52,7 @@ WIRE_OVERHEAD_MAX = 1.10
 
 #: What each phase injects, for this test only: the diagnosis never sees it.
 INJECTED = {"healthy": [], "cpu": ["cpu"], "data": ["data"], "placement": ["placement"],
-            "network": ["network"]}
+            "network": ["network"], "interface": ["interface"]}
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=lambda s: f"seed{s}")
@@ -218,3 +218,17 @@ def test_an_elephant_on_the_rings_uplink_makes_the_gpus_wait(r: dict) -> None:
     shared = [f for f in d["flows"] if f["kind"] == "allreduce" and f["path"][:2] == hop]
     assert shared, (hop, [f["path"] for f in d["flows"] if f["kind"] == "allreduce"])
     assert m["comm_vs_ideal"] > NETWORK_COMM_VS_IDEAL_MIN, m["comm_vs_ideal"]
+
+
+def test_a_collective_on_the_management_nic_crosses_no_fabric_switch(r: dict) -> None:
+    """Bound to the management addresses, the ring's connections cross the management LAN's
+    switch, whose ports carry what the ranks sent, and no fabric switch counts them."""
+    d = r["phase_details"]["interface"]
+    ring = [f for f in d["flows"] if f["kind"] == "allreduce"]
+    assert ring and all(f["interface"] == "mgmt" and f["path"] == ["mgmt1"] for f in ring)
+    assert all(f["bytes"] == 0 and f["sent_bytes"] > 0 for f in ring)
+    into = {ln["peer"]: ln["tx_bytes"] for ln in d["links"] if ln["node"] == "mgmt1"}
+    for f in ring:   # a port carries the flow into its host, and that host's flow's ACKs
+        assert f["sent_bytes"] <= into[f["dst"]] <= f["sent_bytes"] * WIRE_OVERHEAD_MAX, \
+            (f["id"], into[f["dst"]], f["sent_bytes"])
+    assert phase(r, "interface")["bottleneck_bps"] == 10e6
