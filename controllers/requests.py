@@ -1,5 +1,6 @@
 """The lab's requests to the running controller, on its control socket: status, watch
-(per-flow counters), pin (a flow's path), ecn (marking per port) and ecn_stats.
+(per-flow counters), pin (a flow's path), jobs (which job a flow is, for a job-aware
+policy), ecn (marking per port) and ecn_stats.
 
 A mixin of ``FabricApp``: the requests arrive on the control server's threads and act on
 the app's switches under its lock; kept apart from the OpenFlow event handling they share
@@ -38,6 +39,7 @@ class ControlRequests:
             return self.status()
         handlers = {"watch": lambda: self.watch(req.get("flows")),
                     "pin": lambda: self.pin(req.get("flows")),
+                    "jobs": lambda: self.jobs(req.get("flows")),
                     "ecn": lambda: self.ecn(req.get("ports")),
                     "ecn_stats": self.ecn_stats}
         if cmd not in handlers:
@@ -136,6 +138,28 @@ class ControlRequests:
             if not ok:
                 failed.append(f"{name}: {why}")
         return failed
+
+    def jobs(self, flows: Any) -> dict[str, Any]:
+        """Tell a job-aware policy which job each 5-tuple belongs to (``{"job": id}`` beside
+        a watch's 5-tuple fields); the whole table, so an empty list forgets every job.
+        Sent before the flows are watched, so decisions taken ahead see it."""
+        if not isinstance(flows, list):
+            raise RequestError("flows: expected a list")
+        observe = getattr(self.policy, "observe_jobs", None)
+        if observe is None:
+            raise RequestError(f"policy {self.policy.name!r} is not job-aware (it has no "
+                               "observe_jobs)")
+        table = {}
+        for i, f in enumerate(flows):
+            where = f"flows[{i}]"
+            job = f.get("job") if isinstance(f, dict) else None
+            if not isinstance(job, str) or not job:
+                raise RequestError(f"{where}.job: expected a job id")
+            table[plan.parse_watch({**f, "cookie": 1}, where).key] = job
+        with self._lock:
+            observe(table)
+        LOG.info("jobs: %d flows of %d jobs", len(table), len(set(table.values())))
+        return {"ok": True, "flows": len(table), "jobs": len(set(table.values()))}
 
     def pin(self, flows: Any) -> dict[str, Any]:
         """Replace the set of placed flows: each 5-tuple leaves its switch by a given port.
