@@ -37,6 +37,8 @@ FIXES = {
     "cpu": "more loader workers, lighter or offloaded preprocessing, or more CPU per GPU",
     "interface": "bind the collective to the fabric's NIC (NCCL_SOCKET_IFNAME / "
                  "GLOO_SOCKET_IFNAME), not the management network's",
+    "other-job": "keep the jobs' flows on disjoint uplinks (a job-aware policy, e.g. "
+                 "--policy job-aware), or place the jobs in racks that share no uplink",
     "network": "spread the job's flows (another hash policy, pinned paths) or give the "
                "job's links the capacity its all-reduce needs",
     "straggler": "find the slow rank: its step is longer than the others' before the "
@@ -155,7 +157,8 @@ def shared_links(details: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"link": f"{key[0]}->{key[1]}", "util": ln.get("util_mean"),
                     "drops": ln.get("drops", 0), "bytes": kinds,
                     "other_share": round(other / total, 3) if total else 0.0})
-    return sorted(out, key=lambda x: (-x["other_share"], -(x["util"] or 0)))
+    # most shared where it mattered: another flow's share of a busy link first
+    return sorted(out, key=lambda x: (-x["other_share"] * (x["util"] or 0), -x["other_share"]))
 
 
 def off_fabric(details: dict[str, Any]) -> list[dict[str, Any]]:
@@ -210,11 +213,15 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
     spread = compute_spread(details)
     straggler = crit["barrier"] if spread > STRAGGLER_SPREAD else 0.0
     excess_comm = max(0.0, crit["exposed_comm"] + crit["barrier"] - straggler - ideal)
+    shared = shared_links(details)
+    # The all-reduce beyond its ideal is the network's; whose traffic it met says whether
+    # it was another job's.
+    met = _dominant_other(shared[0]) if shared and shared[0]["other_share"] > 0 else None
+    by_job = excess_comm if met == "other-job" else 0.0
     shares = {"data": crit["data_wait"] * fetch_frac,
               "cpu": crit["data_wait"] * (1.0 - fetch_frac),
-              "placement": placed, "interface": interface, "network": excess_comm,
-              "straggler": straggler}
-    shared = shared_links(details)
+              "placement": placed, "interface": interface,
+              "network": excess_comm - by_job, "other-job": by_job, "straggler": straggler}
     hops = len(_job_hosts(details))
     crossed = sum(1 for sh in shared if sh["link"].split("->")[1].startswith("spine"))
     links = storage_links(details)
@@ -240,6 +247,12 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
                       f"fabric ({_off_fabric_text(wrong_nic, details)}); its bottleneck is "
                       f"{now_bps / 1e6:g} Mbit/s where the fabric's NICs give "
                       f"{(best_bps or now_bps) / 1e6:g} Mbit/s"),
+        "other-job": (f"all-reduce exposed {_pct(crit['exposed_comm'])} of the step "
+                      f"against {_pct(ideal)} ideal; " + (
+                          f"{shared[0]['link']} carried {_pct(shared[0]['other_share'])} "
+                          f"other traffic ({_other_kinds(shared[0])}) at "
+                          f"{_pct(shared[0]['util'] or 0)}, {shared[0]['drops']} drops"
+                          if shared else "")),
         "network": (f"all-reduce exposed {_pct(crit['exposed_comm'])} of the step against "
                     f"{_pct(ideal)} ideal for its bottleneck; {metrics.get('drops', 0)} drops, "
                     f"{metrics.get('retransmits', 0)} retransmits"
@@ -259,6 +272,12 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
             "placed_ideal_comm_share": round(ideal_best, 4),
             "named": named, "causes": causes, "storage_links": links,
             "shared_links": shared[:3]}
+
+
+def _dominant_other(link: dict[str, Any]) -> str | None:
+    """The kind of flow besides the job's that carried most bytes on a link."""
+    other = {k: v for k, v in link["bytes"].items() if k != "allreduce" and v}
+    return max(other, key=other.get) if other else None
 
 
 def _other_kinds(link: dict[str, Any]) -> str:

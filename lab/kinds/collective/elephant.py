@@ -34,28 +34,35 @@ def conns(pp: dict[str, Any], ips: dict[str, str], sports: list[int],
     return out
 
 
-def collision_pins(elephants: list[Conn], job: list[Conn], leaf_of: dict[str, str],
-                   up: dict[tuple[str, str], int],
-                   pinned: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pins putting each elephant and the first ring connection (epoch 0) leaving its leaf
-    on one uplink: the connection's own pin's if it has one, else the first spine's."""
+def collision_pins(movers: list[Conn], job: list[Conn], leaf_of: dict[str, str],
+                   up: dict[tuple[str, str], int], pinned: list[dict[str, Any]],
+                   required: bool = True) -> list[dict[str, Any]]:
+    """Pins putting each of ``movers`` (elephants, another job's connections) and the first
+    ring connection (epoch 0) leaving its leaf on one uplink: the connection's own pin's if
+    it has one, else the first spine's. A mover whose leaf no ring hop leaves is an error
+    when ``required``, else left to the policy."""
     def pin(leaf: str, port: int, spec: FlowSpec) -> dict[str, Any]:
         return {"switch": leaf, "port": port, "proto": 6, "src": spec.src_ip,
                 "dst": spec.dst_ip, "sport": spec.sport, "dport": spec.dport}
 
     first_spine = min((s for (_, s) in up), key=lambda s: int(s[5:]))
-    by_tuple = {(p["src"], p["sport"]): p for p in pinned}
-    out = []
-    for e in elephants:
-        leaf = leaf_of[e.spec.src]
+    held = {(p["src"], p["sport"]): p for p in pinned}
+    out: list[dict[str, Any]] = []
+    for m in movers:
+        leaf = leaf_of[m.spec.src]
+        if leaf_of[m.spec.dst] == leaf:
+            continue                       # stays in its rack: no uplink to meet on
         hop = next((c for c in job if c.epoch == 0 and c.spec.kind == "allreduce"
                     and leaf_of[c.spec.src] == leaf != leaf_of[c.spec.dst]), None)
         if hop is None:
-            raise ScenarioError("elephant.collide", f"no ring hop leaves {leaf} for "
-                                f"{e.spec.id} to collide with")
-        have = by_tuple.get((hop.spec.src_ip, hop.spec.sport))
+            if required:
+                raise ScenarioError("elephant.collide", f"no ring hop leaves {leaf} for "
+                                    f"{m.spec.id} to collide with")
+            continue
+        have = held.get((hop.spec.src_ip, hop.spec.sport))
         port = have["port"] if have else up[(leaf, first_spine)]
         if have is None:
-            out.append(pin(leaf, port, hop.spec))
-        out.append(pin(leaf, port, e.spec))
+            held[(hop.spec.src_ip, hop.spec.sport)] = pin(leaf, port, hop.spec)
+            out.append(held[(hop.spec.src_ip, hop.spec.sport)])
+        out.append(pin(leaf, port, m.spec))
     return out

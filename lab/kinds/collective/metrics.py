@@ -23,6 +23,7 @@ from controllers.marking import tcp_wire_ceiling_bps
 from lab.analysis import gpuwait as gpu_diagnosis
 from lab.kinds.base import PhaseCounts, Plan, phased_part
 from lab.kinds.collective import gpuwait
+from lab.kinds.collective.plan import phase_params
 from lab.model.stats import percentile
 
 
@@ -349,6 +350,14 @@ def assemble(plan: Plan, phases: dict[str, Any], loss: float,
     # What a phase's programs said went wrong, after the CPU notes of every phase.
     part["fidelity"]["notes"] += [f"{n}: {e}" for n, p in phases.items()
                                   for e in p["metrics"]["errors"]]
+    params = phase_params(plan.params)
+    for n, p in phases.items():         # each job's slowdown against running alone
+        oj = p["metrics"].get("other_job")
+        base = params[n]["other_job"]["baseline"] if oj else ""
+        if oj and base in phases:
+            alone = phases[base]["metrics"]["step_p50_s"]
+            oj["job_step_p50_alone_s"] = alone
+            oj["job_slowdown"] = round(p["metrics"]["step_p50_s"] / alone, 3) if alone else None
     if any("gpu_wait" in p for p in phases.values()):
         part["diagnosis"] = {"gpu_wait": gpu_diagnosis.diagnose(
             {**part, "topology": plan.topo_desc})}

@@ -24,6 +24,7 @@ from typing import Any
 from controllers.marking import parse_marking
 from lab.agents.ddprank import BLOCKS, SPLIT_BYTES, WIDTH
 from lab.kinds.base import Plan
+from lab.kinds.collective import beside
 from lab.machine import environment
 from lab.model.errors import MachineError, ScenarioError
 from lab.model.flows import FlowSpec
@@ -96,6 +97,17 @@ SCHEMA: dict[str, Param] = {
     "elephant.pairs": Param(list),
     "elephant.mbps": Param(float, 0, 100_000),
     "elephant.collide": Param(bool),
+    # another training job beside the phase's (lab.kinds.collective.otherjob): its ranks'
+    # hosts in ring order, its all-reduce, how long it runs alone first, whether its hops
+    # meet the job's on their uplinks, and whether the controller is told which job is which
+    "other_job.hosts": Param(list),
+    "other_job.size_bytes": Param(int, 1, 1 << 30),
+    "other_job.compute_s": Param(float, 0, 60),
+    "other_job.alone_s": Param(float, 0, 60),
+    "other_job.collide": Param(bool),
+    "other_job.announce": Param(bool),
+    # the phase whose job ran alone: this job's slowdown is measured against it
+    "other_job.baseline": Param(str),
     "ecn.marking": Param(str, choices=("off", "step", "red")),
     "ecn.k_rule": Param(str, choices=("fixed", "dctcp")),
     "ecn.ports": Param(list),
@@ -125,6 +137,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "loader": {"enabled": False, "workers": 2, "prefetch": 2, "batch_bytes": 256 * 1024,
                "cpu_ms": 0.0},
     "elephant": {"pairs": [], "mbps": 0.0, "collide": True},
+    "other_job": {"hosts": [], "size_bytes": 300_000, "compute_s": 0.1, "alone_s": 2.0,
+                  "collide": True, "announce": False, "baseline": ""},
     # k_rule "fixed": step at k_bytes; "dctcp": step at the K DCTCP's guidance gives for the
     # marked port's rate and the job's measured RTT (controllers.marking.dctcp_k_bytes).
     "ecn": {"marking": "off", "ports": [], "k_bytes": 30_000, "kmin_bytes": 20_000,
@@ -221,7 +235,10 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
         raise ScenarioError(f("storage.link_mbps"), "sets the storage hosts' links; name "
                             "them in storage.hosts")
     check_loader(pp, f)
-    check_elephants(pp, topo_desc, f)
+    known = None if pp["placement"]["hosts"] == "scattered" \
+        else place_workers(topo_desc, pp, random.Random(0))
+    beside.check_elephants(pp, topo_desc, known, f)
+    beside.check_other_job(pp, topo_desc, known, f)
     if job["interface"] == "mgmt":
         if not topo_desc.get("mgmt"):
             raise ScenarioError(f("job.interface"), "this topology has no management network "
@@ -260,49 +277,6 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
                             "receiver; set job.pattern: incast")
     if pp["microburst"]["senders"] > n - 1:
         raise ScenarioError(f("microburst.senders"), f"at most {n - 1} (the job's senders)")
-
-
-def check_elephants(pp: dict[str, Any], topo_desc: dict[str, Any], f: Any) -> None:
-    """Every pair is two distinct hosts of the topology that neither store data nor (where
-    the placement is known before the run) run a rank; a colliding elephant's leaf has a
-    ring hop leaving it to collide with."""
-    el = pp["elephant"]
-    pairs = el["pairs"]
-    if not pairs:
-        return
-    leaf_of = {h: sw for sw in edge_switches(topo_desc) for h in hosts_of(topo_desc, sw)}
-    storage = set(pp["storage"]["hosts"])
-    for pair in pairs:
-        if not (isinstance(pair, list) and len(pair) == 2
-                and all(isinstance(h, str) for h in pair)):
-            raise ScenarioError(f("elephant.pairs"), f"{pair!r}: expected [source, "
-                                "destination] host names")
-        src, dst = pair
-        for h in pair:
-            if h not in leaf_of:
-                raise ScenarioError(f("elephant.pairs"), f"no host {h!r} in the topology")
-            if h in storage:
-                raise ScenarioError(f("elephant.pairs"), f"{h} is a storage host")
-        if src == dst:
-            raise ScenarioError(f("elephant.pairs"), f"{src} -> {dst}: one host")
-    if pp["placement"]["hosts"] == "scattered":
-        return                              # known when the phase runs: checked then
-    hosts = place_workers(topo_desc, pp, random.Random(0))
-    for src, dst in pairs:
-        for h in (src, dst):
-            if h in hosts:
-                raise ScenarioError(f("elephant.pairs"), f"{h} runs a rank of the job; an "
-                                    "elephant shares the fabric, not a GPU's own link")
-    if el["collide"]:
-        ring = list(zip(hosts, hosts[1:] + hosts[:1], strict=True))
-        for src, dst in pairs:
-            if leaf_of[src] == leaf_of[dst]:
-                raise ScenarioError(f("elephant.pairs"), f"{src} -> {dst} stays in "
-                                    f"{leaf_of[src]}: it crosses no uplink to collide on")
-            if not any(leaf_of[a] == leaf_of[src] != leaf_of[b] for a, b in ring):
-                raise ScenarioError(f("elephant.collide"), f"no ring hop leaves "
-                                    f"{leaf_of[src]} ({src}'s leaf) for its elephant to "
-                                    "collide with")
 
 
 def check_loader(pp: dict[str, Any], f: Any) -> None:
@@ -409,6 +383,13 @@ def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> dict[str, dict[s
     raw = params.get("phases") or {}
     for name, pp in phases.items():
         check_phase(name, pp, topo_desc, raw.get(name) or {})
+        f = _field_namer(name, raw.get(name) or {})
+        if pp["other_job"]["announce"]:
+            beside.check_job_aware(str(params.get("policy", "")), f("other_job.announce"))
+        base = pp["other_job"]["baseline"]
+        if base and (base not in phases or phases[base]["other_job"]["hosts"]):
+            raise ScenarioError(f("other_job.baseline"), f"{base!r} is not a phase of this "
+                                "scenario whose job runs alone")
     return phases
 
 

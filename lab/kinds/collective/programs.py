@@ -11,6 +11,7 @@ import dataclasses
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,16 +38,11 @@ class JobPrograms:
     plan: Plan
     ips: dict[str, str]
     ports: list[telemetry.Port]
+    job_ips: Callable[[dict[str, Any]], dict[str, str]]  # JobSetup's: the job's addresses
 
     def host(self, name: str) -> Any:
         return self.fabric.host(name)
 
-    def job_ips(self, pp: dict[str, Any]) -> dict[str, str]:
-        """{host: the address its ranks use}: the fabric's, or with ``job.interface: mgmt``
-        the management network's (a collective bound to the wrong NIC)."""
-        if pp["job"]["interface"] == "mgmt":
-            return {h["name"]: h["ip"] for h in self.plan.topo_desc["mgmt"]["hosts"]}
-        return self.ips
 
     def spawn(self, host: str, argv: list[str], log: Path, what: str) -> subprocess.Popen:
         return programs.spawn(self.fabric, host, argv, log, what)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.kinds.base import Plan
-from lab.kinds.collective import gloo, gpuwait
+from lab.kinds.collective import gloo, gpuwait, otherjob
 from lab.kinds.collective import metrics as jm
 from lab.kinds.collective.plan import Conn
 from lab.kinds.collective.programs import load
@@ -74,7 +74,7 @@ class JobReadout:
     def phase_result(self, ph: Phase, d: Drive) -> dict[str, Any]:
         """The phase's links, flows (paths from the switches' counters) and metrics."""
         pp, window, work = ph.pp, d.window, ph.work
-        all_conns = ph.conns + ph.sconns + ph.lconns + ph.econns
+        all_conns = ph.conns + ph.sconns + ph.lconns + ph.econns + ph.oconns
         outputs = self.read_outputs(pp, ph.hosts, ph.conns, work)
         self.attach_results(ph.conns, outputs)
         flows = flow_entries([c.spec for c in all_conns], window.flow_deltas(), self.topo,
@@ -125,6 +125,14 @@ class JobReadout:
         out = {"duration_s": round(window.measured_s, 3), "links": links, "flows": flows,
                "metrics": metrics, "cpu_idle_pct": judged["cpu_idle_pct"],
                "outputs": outputs}
+        if ph.oconns:
+            t0 = d.window.sampler.t0
+            starts = [o["t_ready"] for o in outputs if o.get("t_ready") is not None]
+            metrics["other_job"] = {
+                "hosts": ph.pp["other_job"]["hosts"],
+                **otherjob.summary([load(work / "other" / f"rank{r}.json")
+                                    for r in range(len(ph.pp["other_job"]["hosts"]))],
+                                   max(starts) if starts else None, t0 + d.t_job_end)}
         if pp["loader"]["enabled"]:
             ranks = gpuwait.rank_details(outputs)
             metrics["gpu_wait"] = gpuwait.summary(ranks)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lab.kinds.base import Plan, Progress, bring_up
-from lab.kinds.collective import gloo
+from lab.kinds.collective import gloo, otherjob
 from lab.kinds.collective import metrics as jm
 from lab.kinds.collective.programs import JobPrograms, load, wait
 from lab.kinds.collective.readout import Drive, JobReadout
@@ -186,6 +186,12 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
                 d.elephants.start_clients(estimate + ELEPHANT_SPARE_S)
                 if d.elephants.wait_connected() is None:
                     raise MachineError("elephant.pairs", "an elephant did not connect")
+            if ph.oconns:                        # the other job, alone for a while first
+                (work / "other").mkdir(exist_ok=True)
+                others = self.start_ring(otherjob.job_params(pp), pp["other_job"]["hosts"],
+                                         ph.oconns, work / "other", [])
+                procs += others
+                time.sleep(pp["other_job"]["alone_s"])
             if job["pattern"] == "incast":
                 rx = ph.conns[0].spec.dst
                 d.capture = ecnwire.start_capture(self.host(rx).popen,

@@ -19,7 +19,7 @@ from typing import Any
 
 from controllers.marking import dctcp_k_bytes
 from lab.kinds.base import Plan
-from lab.kinds.collective import elephant
+from lab.kinds.collective import elephant, otherjob
 from lab.kinds.collective import plan as planning
 from lab.kinds.collective.plan import RECEIVER_CC, Conn
 from lab.measure import telemetry
@@ -60,6 +60,7 @@ class Phase:
     k_rule: dict[str, Any] | None
     lconns: list[Conn] = field(default_factory=list)
     econns: list[Conn] = field(default_factory=list)
+    oconns: list[Conn] = field(default_factory=list)
 
 
 class JobSetup:
@@ -76,12 +77,20 @@ class JobSetup:
     default_cc: dict[str, str]
     next_index: int
     work: Path
+    #: Whether the controller holds a jobs table from an earlier phase.
+    announced: bool = False
 
     host: Callable[[str], Any]                          # JobPrograms': a fabric host
-    job_ips: Callable[[dict[str, Any]], dict[str, str]]  # JobPrograms': the job's addresses
     request: Callable[[dict[str, Any]], dict[str, Any]]  # JobRun's: the controller's answer
 
     # -- planning -----------------------------------------------------------------------------
+    def job_ips(self, pp: dict[str, Any]) -> dict[str, str]:
+        """{host: the address its ranks use}: the fabric's, or with ``job.interface: mgmt``
+        the management network's (a collective bound to the wrong NIC)."""
+        if pp["job"]["interface"] == "mgmt":
+            return {h["name"]: h["ip"] for h in self.topo["mgmt"]["hosts"]}
+        return self.ips
+
     def conns_for(self, pp: dict[str, Any], hosts: list[str]) -> list[Conn]:
         job = pp["job"]
         if job["library"] == "gloo":
@@ -152,10 +161,10 @@ class JobSetup:
         return pp["placement"]["receiver"] or hosts[0]
 
     # -- controller: paths and marking ----------------------------------------------------------
-    def set_paths(self, pp: dict[str, Any], conns: list[Conn],
-                  econns: list[Conn]) -> list[dict[str, Any]]:
+    def set_paths(self, pp: dict[str, Any], conns: list[Conn], econns: list[Conn],
+                  oconns: list[Conn]) -> list[dict[str, Any]]:
         """Pin the job's connections (``balanced``) or hand them back to the policy; pin
-        colliding elephants onto a ring hop's uplink (``elephant.collide``)."""
+        colliding elephants and another job's hops onto a ring hop's uplink (``collide``)."""
         pins: list[dict[str, Any]] = []
         up = planning.uplink_ports(self.topo)
         if pp["placement"]["paths"] == "balanced":
@@ -163,8 +172,23 @@ class JobSetup:
                                       self.leaf_of, up)
         if econns and pp["elephant"]["collide"]:
             pins += elephant.collision_pins(econns, conns, self.leaf_of, up, pins)
+        if oconns and pp["other_job"]["collide"]:
+            pins += elephant.collision_pins(oconns, conns, self.leaf_of, up, pins,
+                                            required=False)
         self.request({"cmd": "pin", "flows": pins})
         return pins
+
+    def announce_jobs(self, pp: dict[str, Any], conns: list[Conn],
+                      oconns: list[Conn]) -> None:
+        """Tell a job-aware policy which job each connection is (``other_job.announce``),
+        before the connections are watched (a decision taken ahead must see it); a phase
+        that does not announce clears what an earlier one said."""
+        if pp["other_job"]["announce"]:
+            self.request({"cmd": "jobs", "flows": otherjob.announced(conns, oconns)})
+            self.announced = True
+        elif self.announced:
+            self.request({"cmd": "jobs", "flows": []})
+            self.announced = False
 
     def set_marking(self, pp: dict[str, Any], where: str) -> dict[str, Any] | None:
         body = planning.check_marking(pp["ecn"], where)
@@ -261,16 +285,20 @@ class JobSetup:
         lconns = self.loader_conns(pp, hosts)
         econns = elephant.conns(pp, self.ips, self.sports, self.next_index)
         self.next_index += len(econns)
-        pinned = self.set_paths(pp, conns, econns)
+        oconns = otherjob.conns(pp, self.ips, self.sports, self.next_index)
+        self.next_index += len(oconns)
+        pinned = self.set_paths(pp, conns, econns, oconns)
+        self.announce_jobs(pp, conns, oconns)
         k_rule = None
         if pp["ecn"]["k_rule"] == "dctcp" and pp["ecn"]["marking"] == "step":
             pp, k_rule = self.dctcp_k(pp, conns)
         marking = self.set_marking(pp, where)
         self.set_default_cc(pp, hosts)
         ecn_flag = 1 if pp["job"]["ecn"] else 0
-        for h in {*hosts, *pp["storage"]["hosts"]}:
+        for h in {*hosts, *pp["storage"]["hosts"], *pp["other_job"]["hosts"]}:
             self.host(h).cmd(f"sysctl -qw net.ipv4.tcp_ecn={ecn_flag}")
-        watch = [e for c in conns + sconns + lconns + econns
+        watch = [e for c in conns + sconns + lconns + econns + oconns
                  for e in c.spec.watch_entries(c.index)]
         self.request({"cmd": "watch", "flows": watch})
-        return Phase(pp, work, hosts, conns, sconns, pinned, marking, k_rule, lconns, econns)
+        return Phase(pp, work, hosts, conns, sconns, pinned, marking, k_rule, lconns, econns,
+                     oconns)
