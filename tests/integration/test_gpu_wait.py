@@ -33,9 +33,10 @@ CPU_DATA_WAIT_MIN = 0.15
 #: The same over each step's last rank to finish computing (``critical_share``): 0.80 in
 #: two runs, the early ranks' wait for it no longer counted as their all-reduce.
 CPU_CRITICAL_DATA_WAIT_MIN = 0.55
-#: Measured rank-steps that found the queue empty with one slow worker: 28-33 of 33 in five
-#: runs (a rank held up in its all-reduce lets its worker get a batch ahead).
-CPU_QUEUE_EMPTY_MIN = 0.6
+#: Measured rank-steps that found the queue empty with one slow worker: 25-44 of 44 with
+#: four ranks (a rank held up in its all-reduce lets its worker get a batch ahead); healthy
+#: finds it empty at none.
+CPU_QUEUE_EMPTY_MIN = 0.4
 #: The data phase's last rank to compute waited for data 50 % of the step in two runs
 #: (its loaders fetch 64 KiB batches at a 2 Mbit/s link's pace, three workers a host).
 DATA_CRITICAL_DATA_WAIT_MIN = 0.3
@@ -56,6 +57,10 @@ OTHER_JOB_SLOWDOWN_MIN = 1.5
 JOB_AWARE_RECOVERS_MIN = 0.8
 #: A batch on the wire: its payload plus TCP/IP headers and the request's ACKs' share.
 WIRE_OVERHEAD_MAX = 1.10
+#: The same where the loader's flow crosses a link another phase's traffic fills (a job's
+#: ring, an elephant): the switches also count the segments TCP sent again after a drop.
+#: 1.14 measured beside two jobs at full uplinks.
+WIRE_OVERHEAD_CONGESTED_MAX = 1.3
 
 
 #: What each phase injects, for this test only: the diagnosis never sees it.
@@ -161,7 +166,9 @@ def test_loader_bytes_cross_the_fabric(r: dict) -> None:
             for w in rank["loader"]["per_worker"]:
                 f = flows[(w["src"], w["sport"])]
                 assert w["bytes"] > 0 and f["path"], (name, f["id"], f["path"])
-                assert w["bytes"] <= f["bytes"] <= w["bytes"] * WIRE_OVERHEAD_MAX, \
+                bound = WIRE_OVERHEAD_MAX if not phase(r, name)["drops"] \
+                    else WIRE_OVERHEAD_CONGESTED_MAX
+                assert w["bytes"] <= f["bytes"] <= w["bytes"] * bound, \
                     (name, f["id"], f["bytes"], w["bytes"])
                 taken += w["bytes"]
         served = sum(s["batch_bytes"] for s in details["gpu_wait"]["storage"].values())
