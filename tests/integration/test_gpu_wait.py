@@ -11,11 +11,10 @@ are its flows' bytes.
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 
 from lab.analysis import gpuwait as diagnosis
+from lab.analysis.gpuwait import stripped
 from lab.kinds.collective import gpuwait
 from lab.model.result import validate
 from tests.integration.support import check_links_agree_with_flows, phase, run_to
@@ -55,25 +54,6 @@ INJECTED = {"healthy": [], "cpu": ["cpu"], "data": ["data"]}
 def r(request, tmp_path_factory) -> dict:
     return run_to(tmp_path_factory.mktemp("gpu-wait") / "run", "gpu-wait",
                   "--seed", str(request.param), timeout=180)
-
-
-def stripped(r: dict) -> dict:
-    """The result as an operator without the scenario would have it: phases renamed in
-    shuffled order, no parameters, description or scenario name, and no setting echoed in
-    a phase's metrics or a loader's record; only what was measured."""
-    echoes = ("paths", "placement", "pins", "marking", "cc", "library", "program", "hosts")
-    names = sorted(r["metrics"]["phases"], key=lambda n: n[::-1])
-    alias = {n: f"p{i}" for i, n in enumerate(names)}
-    out = copy.deepcopy({k: v for k, v in r.items()
-                         if k not in ("params", "description", "scenario", "diagnosis")})
-    out["metrics"]["phases"] = {alias[n]: {k: v for k, v in m.items() if k not in echoes}
-                                for n, m in out["metrics"]["phases"].items()}
-    out["phase_details"] = {alias[n]: d for n, d in out["phase_details"].items()}
-    for d in out["phase_details"].values():
-        for rank in d["gpu_wait"]["ranks"]:
-            for key in ("workers", "prefetch", "batch_bytes", "cpu_ms"):
-                rank["loader"].pop(key, None)
-    return {"result": out, "alias": alias}
 
 
 def test_result_is_whole(r: dict) -> None:
@@ -190,3 +170,25 @@ def test_the_diagnosis_names_the_injected_cause_from_measurements_alone(r: dict)
         assert r["diagnosis"]["gpu_wait"][name]["named"] == d["named"]
     healthy = got[s["alias"]["healthy"]]
     assert healthy["gpu_idle_share"] < HEALTHY_IDLE_OVER_IDEAL_MAX + healthy["ideal_comm_share"]
+
+
+def strings(obj: object) -> set[str]:
+    """Every key and string value in a JSON document."""
+    if isinstance(obj, dict):
+        return set(obj) | {s for v in obj.values() for s in strings(v)}
+    if isinstance(obj, list):
+        return {s for v in obj for s in strings(v)}
+    return {obj} if isinstance(obj, str) else set()
+
+
+def test_the_stripped_result_names_no_phase_and_no_setting(r: dict) -> None:
+    """What the diagnosis and the who-waited exercise are given: no phase's name as a key or
+    a value, nothing derived from one (the run's per-phase timings), no loader setting."""
+    s = stripped(r)
+    seen = strings(s["result"])
+    for name in r["metrics"]["phases"]:
+        assert name not in seen and f"phase_{name}_s" not in seen, name
+    assert list(s["result"]["metrics"]["phases"]) == [f"p{i}" for i in range(len(s["alias"]))]
+    for d in s["result"]["phase_details"].values():
+        for rank in d["gpu_wait"]["ranks"]:
+            assert not set(diagnosis.LOADER_SETTINGS) & set(rank["loader"]), rank["loader"]
