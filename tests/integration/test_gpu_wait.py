@@ -15,6 +15,7 @@ import pytest
 
 from lab.analysis import gpuwait as diagnosis
 from lab.analysis.gpuwait import stripped
+from lab.grade.exercises import who_waited
 from lab.kinds.collective import gpuwait
 from lab.model.result import validate
 from tests.integration.support import check_links_agree_with_flows, phase, run_to
@@ -46,8 +47,8 @@ HEALTHY_IDLE_OVER_IDEAL_MAX = 0.05
 WIRE_OVERHEAD_MAX = 1.10
 
 
-#: What each phase injects, for this test only: the diagnosis never sees it.
-INJECTED = {"healthy": [], "cpu": ["cpu"], "data": ["data"]}
+#: What each phase injects (the grader's ground truth too): the diagnosis never sees it.
+INJECTED = who_waited.INJECTED
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=lambda s: f"seed{s}")
