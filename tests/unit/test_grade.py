@@ -27,6 +27,12 @@ def test_every_shipped_skeleton_and_solution_names_its_exercise() -> None:
         assert "fabriclab grade" in (ex.skeleton.parents[1] / "README.md").read_text()
 
 
+def test_the_classroom_page_lists_every_exercise() -> None:
+    page = (exercise.REPO / "docs" / "classroom.md").read_text()
+    for ex in exercises.registry().values():
+        assert f"| `{ex.name}` | {ex.lesson} | {ex.kind} |" in page, ex.name
+
+
 def test_who_waited_knows_what_every_gpu_wait_phase_injects() -> None:
     """The grader's ground truth covers every phase the reference run makes, in the causes
     the diagnosis names: a new phase must say what it injects before it can be graded."""
