@@ -19,7 +19,10 @@ Pure functions over result.json.
 
 from __future__ import annotations
 
+import copy
 import itertools
+import json
+import random
 from typing import Any
 
 #: A cause is named when it holds the GPUs for at least this share of step time: a tenth of
@@ -310,3 +313,40 @@ def render(diagnosis: dict[str, dict[str, Any]]) -> list[str]:
                              f"({_pct(c['share_of_idle'])} of idle) - {c['evidence']}")
                 lines.append(f"    fix: {c['fix']}")
     return lines
+
+
+# -- a result without its answers ---------------------------------------------------------
+
+#: What a phase's metrics echo of its settings rather than measure.
+SETTING_ECHOES = ("paths", "placement", "pins", "marking", "cc", "library", "program", "hosts")
+#: What a loader's record echoes of its settings (its per-worker record is what it measured).
+LOADER_SETTINGS = ("workers", "prefetch", "batch_bytes", "cpu_ms")
+
+
+def stripped(result: dict[str, Any]) -> dict[str, Any]:
+    """The result as an operator without the scenario would have it, the diagnosis's input
+    contract and the who-waited exercise's: ``{"result": ..., "alias": {phase: "pN"}}``.
+
+    Kept: the topology, the machine, and per phase its metrics and details under a new name,
+    in a shuffled order seeded by the run's own measurements (so neither the order nor the
+    names can be learnt from another run). Gone: the scenario's name, description and
+    parameters, the lab's diagnosis, everything keyed or ordered by the phase names (the
+    run's timings, its first phase, the whole-run sections), the settings a phase's metrics
+    echo and the settings in each loader's record."""
+    names = list(result["metrics"]["phases"])
+    order = sorted(names)
+    random.Random(json.dumps(result["metrics"]["phases"], sort_keys=True)).shuffle(order)
+    alias = {n: f"p{i}" for i, n in enumerate(order)}
+    phases = {alias[n]: {k: v for k, v in result["metrics"]["phases"][n].items()
+                         if k not in SETTING_ECHOES} for n in order}
+    details = {alias[n]: copy.deepcopy(result["phase_details"][n]) for n in order
+               if n in result.get("phase_details", {})}
+    for d in details.values():
+        for rank in d.get("gpu_wait", {}).get("ranks", []):
+            for key in LOADER_SETTINGS:
+                (rank.get("loader") or {}).pop(key, None)
+    out = {k: copy.deepcopy(result[k]) for k in ("schema", "kind", "environment", "topology")
+           if k in result}
+    out["metrics"] = {"phases": copy.deepcopy(phases)}
+    out["phase_details"] = details
+    return {"result": out, "alias": alias}

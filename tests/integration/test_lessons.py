@@ -4,9 +4,9 @@ imports the lab's own answer. The checks are
 the exercises' own (lab/grade/exercises), the ones a student's `fabriclab grade` runs; this
 module asserts what they say, on real packets, and what the kept runs show besides.
 
-One batch of 13 files, shared by every test here: seven runs (two per policy exercise, one
-reference run per counter analysis, the streaming one on real media), about 110 s on this
-2-core machine.
+One batch of 15 files, shared by every test here: eight runs (two per policy exercise, one
+reference run per counter analysis, the streaming one on real media, gpu-wait's three
+phases about 21 s), 116 s on this 2-core machine (2026-12-05).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pytest
 
 from lab import grade
 from lab.grade import exercises
+from lab.grade.exercises import who_waited
 from lab.machine import state
 from tests.integration.support import CLI, REPO, check_links_agree_with_flows, fabriclab
 
@@ -126,6 +127,13 @@ def test_the_numbers_are_the_incidents(batch: dict) -> None:
     assert "0 of 8 flows" in b["skeleton_outage.py"]
     assert "yours []" in b["skeleton_hot_streams.py"]
     assert "incident/big" in b["solution_hot_streams.py"]
+    # The skeleton names nothing: right for a healthy phase, wrong, with the lab's evidence
+    # for the cause as the hint, for every phase that injects one.
+    for name, causes in who_waited.INJECTED.items():
+        line = re.escape(f"yours [], injected {causes} (it was phase {name!r})")
+        verdict = (rf"PASS  phase p\d+: {line}$" if not causes else
+                   rf"FAIL  phase p\d+: {line}  \(hint: {re.escape(sorted(causes)[0])}: ")
+        assert re.search(verdict, b["skeleton_who_waited.py"], re.M), (name, verdict)
     # The kept runs say more than the checks: the skeleton's uplink dropped, and the
     # solution's links carried exactly its flows' bytes.
     skel = json.loads((batch["runs"] / "skeleton_end_the_incident" / "result.json").read_text())

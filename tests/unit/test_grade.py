@@ -9,19 +9,37 @@ from pathlib import Path
 import pytest
 
 from lab import grade
+from lab.analysis import gpuwait
 from lab.grade import exercise, exercises
 from lab.grade.exercise import NotAnAnswerError, Outcome
+from lab.grade.exercises import who_waited
+from lab.model import scenario
 
 
 def test_every_shipped_skeleton_and_solution_names_its_exercise() -> None:
     known = exercises.registry()
     assert set(known) == {"end-the-incident", "anti-polarisation", "congested-uplink",
-                          "outage", "hot-streams"}
+                          "outage", "hot-streams", "who-waited"}
     for ex in known.values():
         for path in (ex.skeleton, ex.solution):
             found, _ = exercises.find(path)
             assert found is ex, path
         assert "fabriclab grade" in (ex.skeleton.parents[1] / "README.md").read_text()
+
+
+def test_the_classroom_page_lists_every_exercise() -> None:
+    page = (exercise.REPO / "docs" / "classroom.md").read_text()
+    for ex in exercises.registry().values():
+        assert f"| `{ex.name}` | {ex.lesson} | {ex.kind} |" in page, ex.name
+
+
+def test_who_waited_knows_what_every_gpu_wait_phase_injects() -> None:
+    """The grader's ground truth covers every phase the reference run makes, in the causes
+    the diagnosis names: a new phase must say what it injects before it can be graded."""
+    phases = scenario.load(who_waited.EXERCISE.scenario).params["phases"]
+    assert set(who_waited.INJECTED) == set(phases)
+    for name, causes in who_waited.INJECTED.items():
+        assert set(causes) <= set(gpuwait.FIXES), (name, causes)
 
 
 def test_a_file_without_marker_needs_the_option(tmp_path: Path) -> None:

@@ -38,21 +38,21 @@ def test_what_no_job_owns_is_hashed_as_hash5_hashes_it() -> None:
 
 
 @pytest.mark.parametrize("sets, field, words", [
-    (["phases.other-job.other_job.hosts=[h7]"], "phases.other-job.other_job.hosts",
+    (["phases.two-jobs.other_job.hosts=[h7]"], "phases.two-jobs.other_job.hosts",
      "at least two"),
-    (["phases.other-job.other_job.hosts=[h7, h7]"], "phases.other-job.other_job.hosts",
+    (["phases.two-jobs.other_job.hosts=[h7, h7]"], "phases.two-jobs.other_job.hosts",
      "named twice"),
-    (["phases.other-job.other_job.hosts=[h7, h99]"], "phases.other-job.other_job.hosts",
+    (["phases.two-jobs.other_job.hosts=[h7, h99]"], "phases.two-jobs.other_job.hosts",
      "no host 'h99'"),
-    (["phases.other-job.other_job.hosts=[h7, h11]"], "phases.other-job.other_job.hosts",
+    (["phases.two-jobs.other_job.hosts=[h7, h11]"], "phases.two-jobs.other_job.hosts",
      "storage host"),
     # the job's six ranks are h1-h6: two jobs on one host
-    (["phases.other-job.other_job.hosts=[h6, h7]"], "phases.other-job.other_job.hosts",
+    (["phases.two-jobs.other_job.hosts=[h6, h7]"], "phases.two-jobs.other_job.hosts",
      "two jobs on one host"),
-    (["phases.other-job.other_job.baseline=nowhere"], "phases.other-job.other_job.baseline",
+    (["phases.two-jobs.other_job.baseline=nowhere"], "phases.two-jobs.other_job.baseline",
      "'nowhere'"),
-    (["phases.other-job.other_job.baseline=job-aware"],
-     "phases.other-job.other_job.baseline", "runs alone"),
+    (["phases.two-jobs.other_job.baseline=job-aware"],
+     "phases.two-jobs.other_job.baseline", "runs alone"),
     (["phases.racks.other_job.announce=true"], "phases.racks.other_job.announce",
      "no other job"),
 ])
