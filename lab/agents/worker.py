@@ -43,6 +43,7 @@ naming the field, nothing started, no JSON); 128+signal when stopped by a signal
 
 Ring JSON: ``mode: "ring"``, ``rank``, ``world``, ``size_bytes``, ``buckets``, ``cc`` (the
 congestion control in use), ``clock: "monotonic"``, ``t_ready`` (start barrier done), ``cpu_s``,
+``live_writes`` (rewrites of ``--live-file``, 0 without one),
 ``error`` (null or a sentence), the run's parameters, and
 
 * ``steps``: ``step``, ``epoch``, ``warmup``, absolute ``t_start``, ``t_compute_end``,
@@ -423,6 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     ring.add_argument("--epoch-steps", type=int, default=0,
                       help="reconnect from the next source port every E steps (0: never)")
     ring.add_argument("--cc", help="TCP congestion control (default: the system's)")
+    ring.add_argument("--live-file", help="rewrite this JSON file with the rank's recent step "
+                      "parts as spans, at most every 0.5 s (for a live view)")
     _loader_flags(ring)
 
     sub.add_parser("gloo", help="one rank of the same job on PyTorch's gloo",

@@ -1,10 +1,12 @@
 """The live view of a running run: a page on 127.0.0.1 that draws the weathermap's fabric and
 colours every link by its utilisation over the last half second, about twice a second, with
 the phase, the clocks and a bar per uplink; and, while a kind publishes lanes (the streaming
-kind's viewers: ``lab.kinds.streaming.liveview``), one figure under it on the phase's clock:
-the uplinks' utilisation since the phase began on top, a lane per viewer coloured by its
-state below (waiting for the first picture, playing, stalled), as the report's figure has
-them (``lab.kinds.streaming.plots``).
+kind's viewers: ``lab.kinds.streaming.liveview``; the collective kind's ring ranks:
+``lab.kinds.collective.liveview``), one figure under it on the phase's clock: the uplinks'
+utilisation since the phase began on top, a lane per viewer or rank coloured by its state
+below (waiting for the first picture, playing, stalled; a step's data wait, compute, exposed
+communication, barrier), as the reports' figures have them (``lab.kinds.streaming.plots``,
+``lab.kinds.collective.gpuplot``). One drawing for every lane: a kind adds states, not code.
 
 Why this shape: the layout is the weathermap's own (``lab.plotting.weathermap``: tiers,
 networkx's tiered layout, each direction of a cable bent off the straight line as matplotlib

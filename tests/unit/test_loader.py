@@ -68,8 +68,9 @@ class Lab:
         return proc
 
     def ring(self, steps: int, workers: int, prefetch: int, cpu_ms: float,
-             *extra: str) -> list[subprocess.Popen[str]]:
-        """Start a 2-rank ring whose ranks each have ``workers`` loader workers."""
+             *extra: str, live: bool = False) -> list[subprocess.Popen[str]]:
+        """Start a 2-rank ring whose ranks each have ``workers`` loader workers (with
+        ``live``, each a live file: ``rank<r>.live.json``)."""
         listen = free_ports(2)
         sports = free_ports(2 + 2 * workers)
         ranks = []
@@ -83,7 +84,8 @@ class Lab:
                 "--storage", f"127.0.0.1:{self.storage_port}",
                 "--loader-workers", str(workers), "--loader-sports", ",".join(map(str, mine)),
                 "--prefetch", str(prefetch), "--batch-bytes", "65536", "--cpu-ms", str(cpu_ms),
-                "--out", str(self.tmp / f"rank{r}.json"), *extra))
+                "--out", str(self.tmp / f"rank{r}.json"), *extra,
+                *(["--live-file", str(self.tmp / f"rank{r}.live.json")] if live else [])))
         return ranks
 
     def results(self, ranks: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
@@ -314,3 +316,34 @@ def test_a_vanished_storage_host_ends_the_run_in_one_line(lab: Lab) -> None:
     # Each rank fails on its own loader or on the other rank; at least one says why.
     errors = [json.loads((lab.tmp / f"rank{r}.json").read_text())["error"] for r in range(2)]
     assert any(e.startswith("loader worker 0 (127.0.0.1:") for e in errors), errors
+
+
+def test_the_live_file_holds_every_step_s_parts_as_spans(lab: Lab) -> None:
+    """With ``--live-file`` a rank's last write (made after its last step) holds each step's
+    parts as spans on the rank's own clock: the same boundaries its JSON stamps, so a live
+    lane ends as the result does."""
+    results = lab.results(lab.ring(8, 1, 1, 40, live=True))
+    for r, res in enumerate(results):
+        doc = json.loads((lab.tmp / f"rank{r}.live.json").read_text())
+        # 8 steps of about 0.1 s: the first write, at least one when due, the last one.
+        assert doc["rank"] == r and res["live_writes"] >= 2, res["live_writes"]
+        spans = doc["spans"]
+        assert all(b is not None for _, _, b in spans)    # the rank ended: nothing still on
+        want = [(p, s[a], s[b]) for s in res["steps"]
+                for p, a, b in (("data_wait", "t_start", "t_batch"),
+                                ("compute", "t_batch", "t_compute_end"),
+                                ("exposed_comm", "t_compute_end", "t_comm_end"),
+                                ("barrier", "t_comm_end", "t_end"))]
+        want = [w for w in want if w[2] > w[1]]    # a part of no length has no span
+        assert [s[0] for s in spans] == [w[0] for w in want]
+        for (state, a, b), (_, wa, wb) in zip(spans, want, strict=True):
+            assert (a, b) == (pytest.approx(wa, abs=2e-6), pytest.approx(wb, abs=2e-6)), state
+        assert doc["now"] >= spans[-1][2]
+        # 40 ms of preprocessing a batch on one worker: the GPU waits, so every part shows.
+        assert {s[0] for s in spans} == {"data_wait", "compute", "exposed_comm", "barrier"}
+
+
+def test_without_a_live_file_a_rank_writes_none(lab: Lab) -> None:
+    results = lab.results(lab.ring(3, 1, 1, 0))
+    assert [r["live_writes"] for r in results] == [0, 0]
+    assert not list(lab.tmp.glob("*.live.json"))

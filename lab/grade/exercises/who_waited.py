@@ -95,5 +95,5 @@ def checks(answer: Any, result: dict[str, Any]) -> list[Outcome]:
 
 EXERCISE = Exercise(
     name="who-waited", lesson="gpu-wait", file="who_waited.py",
-    kind="analysis", scenario="gpu-wait", policy="hash5", seed=1,
+    kind="analysis", scenario="gpu-wait", policy="job-aware", seed=1,
     function="who_waited", given=given, checks=checks)

@@ -43,9 +43,13 @@ def spare_work(outputs: list[dict[str, Any]], t0: float) -> list[SpareWork]:
 
 def step_parts(rec: dict[str, Any]) -> dict[str, Any]:
     """One rank's step: its parts, its time, how full the loader's queue was at the ask,
-    and how far the parts' sum is from the step's time (relative)."""
+    and how far the parts' sum is from the step's time (relative).
+
+    Its start and end stay on the rank's clock (``time.monotonic``), so a picture can lay
+    the parts beside the links' series (``t_window_start`` of the phase is their zero)."""
     row = {"step": rec["step"], "warmup": bool(rec.get("warmup")),
            **{p: rec[p] for p in PARTS}, "step_s": rec["step_s"],
+           "t_start": rec.get("t_start"), "t_end": rec.get("t_end"),
            "t_compute_end": rec.get("t_compute_end"),
            "queue_depth": (rec.get("batch") or {}).get("queue_depth")}
     total = sum(rec[p] for p in PARTS)

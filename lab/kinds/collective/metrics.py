@@ -342,7 +342,8 @@ def assemble(plan: Plan, phases: dict[str, Any], loss: float,
         duration_s=p["duration_s"], links=p["links"], flows=p["flows"],
         cpu_idle_min_pct=p["metrics"]["cpu_idle_min_pct"],
         lab_cpu_pct=p["metrics"]["lab_cpu_pct"], valid=p["metrics"]["fidelity_valid"],
-        details={k: p[k] for k in ("duration_s", "links", "flows", "cpu_idle_pct", "gpu_wait")
+        details={k: p[k] for k in ("duration_s", "links", "flows", "cpu_idle_pct", "gpu_wait",
+                                   "t_window_start")
                  if k in p})
         for n, p in phases.items()}
     part = phased_part(plan, counts, first, metrics, notes=notes, valid=loss == 0,

@@ -1,5 +1,6 @@
 """The collective kind's plots: the distribution of step times, phase beside phase; a
-sweep's busbw against size; a DDP job's step, part by part.
+sweep's busbw against size; a DDP job's step, part by part; with a data loader, each
+phase's ranks step by step above its links (``gpuplot``).
 
 Specifications only (``lab.plotting``); ``lab.report`` draws them before the plots every
 run gets.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lab.kinds.collective import gpuplot
 from lab.model.stats import percentile
 from lab.plotting.plots import Skipped, Spec
 from lab.plotting.sections import Section, dict_of, dicts_of, num
@@ -148,4 +150,5 @@ def _ddp_spec(secs: list[Section]) -> Spec | None:
 
 def run_plots(result: dict[str, Any], secs: list[Section]) -> list[Spec | Skipped | None]:
     """Plots of the whole run, before the per-phase ones."""
-    return [_step_cdf_spec(result, secs), _sweep_spec(result, secs), _ddp_spec(secs)]
+    return [_step_cdf_spec(result, secs), _sweep_spec(result, secs), _ddp_spec(secs),
+            *gpuplot.timeline_specs(result)]

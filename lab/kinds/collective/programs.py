@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from controllers.marking import htb_class_args
 from lab import agents
 from lab.kinds.base import Plan
+from lab.kinds.collective import liveview
 from lab.kinds.collective import plan as planning
 from lab.kinds.collective.gloo import GLOO_PORT
 from lab.kinds.collective.plan import Conn
@@ -174,6 +175,7 @@ class JobPrograms:
                     "--straggler-s", str(job["straggler_s"]), "--buckets", str(job["buckets"]),
                     "--epoch-steps", str(job["epoch_steps"]), "--cc", job["cc"],
                     *sweep_args(job), *loader_args(pp, [c for c in lconns if c.rank == r]),
+                    *liveview.live_file_args(work, r),
                     "--connect-timeout-s", "20", "--out", str(work / f"rank{r}.json")]
             procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"ring rank {r}"))
         return procs

@@ -122,8 +122,11 @@ class JobReadout:
             (work / "receiver.pcap").unlink(missing_ok=True)   # captures are not kept
         if d.bursts is not None:
             metrics["microburst"] = d.bursts
+        # The window's start on the clock the ranks stamp (``time.monotonic``, the head's
+        # over a cluster): a rank's time t is at t - t_window_start on the links' series.
         out = {"duration_s": round(window.measured_s, 3), "links": links, "flows": flows,
                "metrics": metrics, "cpu_idle_pct": judged["cpu_idle_pct"],
+               "t_window_start": round(window.sampler.t0 + window.t_start, 6),
                "outputs": outputs}
         if ph.oconns:
             t0 = d.window.sampler.t0

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lab.kinds.base import Plan, Progress, bring_up
-from lab.kinds.collective import gloo, otherjob
+from lab.kinds.collective import gloo, liveview, otherjob
 from lab.kinds.collective import metrics as jm
 from lab.kinds.collective.programs import JobPrograms, load, wait
 from lab.kinds.collective.readout import Drive, JobReadout
@@ -208,8 +208,10 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             procs += [p for p in workers if p not in procs]
             self.progress(self.job_line(name, ph))
             deadline = time.monotonic() + estimate
-            for p in workers:
-                wait(p, max(1.0, deadline - time.monotonic()))
+            ring = job["pattern"] == "ring" and not gloo_ranks
+            with liveview.rank_lanes(work, len(ph.hosts) if ring else 0):
+                for p in workers:
+                    wait(p, max(1.0, deadline - time.monotonic()))
             d.t_job_end = time.monotonic() - sampler.t0
             if job["pattern"] == "incast" and pp["microburst"]["senders"]:
                 d.bursts = self.microbursts(pp, ph.hosts, ph.conns[0].spec.dst, work)

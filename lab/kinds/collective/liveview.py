@@ -1,0 +1,112 @@
+"""The collective kind's part of the live view: a lane per ring rank, its step parts (data
+wait, compute, exposed communication, barrier) as they happen, beside the uplinks.
+
+Why files and a poller, as the streaming kind's viewers do: the ranks are processes in the
+hosts' namespaces, and only they know when a step crosses from one part to the next. With
+``--live-file`` (given only while a live view is on) each rank rewrites a small JSON file
+with its recent parts at most every half second (``lab.agents.ring.LiveParts``); a thread of
+the lab reads the files at the same pace and hands the lanes to the live feed
+(:meth:`lab.measure.live.Feed.set_lanes`). The ranks stamp ``time.monotonic()`` (less the
+head's offset over a cluster, none on one machine), one clock for every namespace of a
+kernel, so their spans are already on the feed's clock. Without a live view nothing of this
+runs: no option, no file, no thread.
+
+A rank whose file lives on another machine of a cluster is not read: its lane is missing,
+nothing else changes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from lab.measure import live
+
+#: The lanes are read from the ranks' files this often (s): the page polls every 0.5 s.
+POLL_S = 0.5
+#: The states a rank's spans may have: the step's parts, as the ranks name them.
+STATES = ("data_wait", "compute", "exposed_comm", "barrier")
+
+
+def live_path(work: Path, rank: int) -> Path:
+    """Where rank ``rank`` writes its live file."""
+    return work / f"rank{rank}.live.json"
+
+
+def live_file_args(work: Path, rank: int) -> list[str]:
+    """``--live-file`` for a ring rank while a live view is on; else nothing."""
+    if live.current() is None:
+        return []
+    return ["--live-file", str(live_path(work, rank))]
+
+
+def spans_of(doc: dict[str, Any]) -> tuple[live.Span, ...]:
+    """A rank's live file as a lane's spans; a state it does not know is left out."""
+    out: list[live.Span] = []
+    for state, a, b in doc.get("spans") or []:
+        if state in STATES:
+            out.append((str(state), float(a), None if b is None else float(b)))
+    return tuple(out)
+
+
+def read_lanes(files: list[tuple[int, Path]]) -> list[live.Lane]:
+    """The lanes of the ranks that have written (``(rank, path)``); a file that cannot be
+    read this round (mid-rename never: it is renamed whole) keeps no lane this round."""
+    lanes = []
+    for rank, path in files:
+        try:
+            doc = json.loads(path.read_text())
+            lanes.append(live.Lane(f"rank:{rank}", f"rank {rank}", spans_of(doc),
+                                   float(doc["now"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return lanes
+
+
+class RankLanePoller:
+    """A thread that reads the ranks' live files every ``POLL_S`` and publishes their lanes;
+    :meth:`stop` reads them one last time, after the ranks' final write (made before they
+    exit, so before the phase's wait for them returns)."""
+
+    def __init__(self, feed: live.Feed, files: list[tuple[int, Path]]) -> None:
+        self.feed, self.files = feed, files
+        self._stop = threading.Event()
+        self.polls = 0
+        self._thread = threading.Thread(target=self._run, name="fabriclab-rank-lanes",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poll(self) -> None:
+        self.feed.set_lanes(read_lanes(self.files))
+        self.polls += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self.poll()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.poll()
+
+
+@contextmanager
+def rank_lanes(work: Path, ranks: int) -> Iterator[None]:
+    """For the body (the wait for the job's ranks), publish the ranks' lanes to the live
+    feed, if there is one."""
+    feed = live.current()
+    if feed is None:
+        yield
+        return
+    poller = RankLanePoller(feed, [(r, live_path(work, r)) for r in range(ranks)])
+    poller.start()
+    try:
+        yield
+    finally:
+        poller.stop()
