@@ -58,10 +58,6 @@ OTHER_JOB_SLOWDOWN_MIN = 1.5
 JOB_AWARE_RECOVERS_MIN = 0.8
 #: A batch on the wire: its payload plus TCP/IP headers and the request's ACKs' share.
 WIRE_OVERHEAD_MAX = 1.10
-#: The same where the loader's flow crosses a link another phase's traffic fills (a job's
-#: ring, an elephant): the switches also count the segments TCP sent again after a drop.
-#: 1.14 measured beside two jobs at full uplinks.
-WIRE_OVERHEAD_CONGESTED_MAX = 1.3
 
 
 #: What each phase injects (the grader's ground truth too): the diagnosis never sees it.
@@ -146,10 +142,11 @@ def test_loader_bytes_cross_the_fabric(r: dict) -> None:
             for w in rank["loader"]["per_worker"]:
                 f = flows[(w["src"], w["sport"])]
                 assert w["bytes"] > 0 and f["path"], (name, f["id"], f["path"])
-                bound = WIRE_OVERHEAD_MAX if not phase(r, name)["drops"] \
-                    else WIRE_OVERHEAD_CONGESTED_MAX
-                assert w["bytes"] <= f["bytes"] <= w["bytes"] * bound, \
-                    (name, f["id"], f["bytes"], w["bytes"])
+                # what its last switch delivered: a segment dropped on the way and sent
+                # again was counted twice before the drop, once here
+                delivered = f["hop_bytes"][f["path"][-1]]
+                assert w["bytes"] <= delivered <= w["bytes"] * WIRE_OVERHEAD_MAX, \
+                    (name, f["id"], f["hop_bytes"], w["bytes"])
                 taken += w["bytes"]
         served = sum(s["batch_bytes"] for s in details["gpu_wait"]["storage"].values())
         assert served == taken, (name, served, taken)
