@@ -188,6 +188,27 @@ def _off_fabric_text(flows: list[dict[str, Any]], details: dict[str, Any]) -> st
     return text
 
 
+def _loader_evidence(gw: dict[str, Any], details: dict[str, Any],
+                     links: list[dict[str, Any]]) -> dict[str, str]:
+    """The data and cpu causes' evidence: the data wait, what the loaders spent their time
+    on, the storage links' utilisation, the queue-empty steps."""
+    crit = gw["critical_share"]
+    fetch, prep, batches, workers = _loader_split(details)
+    fetch_frac = fetch / (fetch + prep) if fetch + prep > 0 else 0.0
+    per_batch = (lambda s: s / batches * 1000) if batches else (lambda s: 0.0)
+    hot = [s for s in links if s["util"] is not None]
+    empty = f"loader queue empty in {gw['queue_empty_steps']} of {gw['rank_steps']} steps"
+    return {
+        "data": (f"data wait {_pct(crit['data_wait'])} of the step; the loaders spent "
+                 f"{_pct(fetch_frac)} of their time fetching ({per_batch(fetch):.0f} ms a "
+                 "batch); storage links " + ", ".join(
+                     f"{s['host']} at {_pct(s['util'])} of {s['bw_mbps']:g} Mbit/s"
+                     for s in hot) + f"; {empty}"),
+        "cpu": (f"data wait {_pct(crit['data_wait'])} of the step; the loaders spent "
+                f"{_pct(1 - fetch_frac)} of their time preprocessing ({per_batch(prep):.0f} "
+                f"ms a batch, {workers} workers in all); {empty}")}
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:.0f}%"
 
@@ -198,7 +219,7 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
     gw = metrics["gpu_wait"]
     crit = gw["critical_share"]
     idle = max(0.0, 1.0 - crit["compute"])
-    fetch, prep, batches, workers = _loader_split(details)
+    fetch, prep, _, _ = _loader_split(details)
     fetch_frac = fetch / (fetch + prep) if fetch + prep > 0 else 0.0
     step = metrics.get("step_mean_s") or 0.0
     ideal = (metrics.get("ideal_comm_s") or 0.0) / step if step else 0.0
@@ -228,19 +249,8 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
     hops = len(_job_hosts(details))
     crossed = sum(1 for sh in shared if sh["link"].split("->")[1].startswith("spine"))
     links = storage_links(details)
-    hot = [s for s in links if s["util"] is not None]
-    per_batch = (lambda s: s / batches * 1000) if batches else (lambda s: 0.0)
     evidence = {
-        "data": (f"data wait {_pct(crit['data_wait'])} of the step; the loaders spent "
-                 f"{_pct(fetch_frac)} of their time fetching ({per_batch(fetch):.0f} ms a "
-                 "batch); storage links " + ", ".join(
-                     f"{s['host']} at {_pct(s['util'])} of {s['bw_mbps']:g} Mbit/s"
-                     for s in hot) + f"; loader queue empty in {gw['queue_empty_steps']} of "
-                 f"{gw['rank_steps']} steps"),
-        "cpu": (f"data wait {_pct(crit['data_wait'])} of the step; the loaders spent "
-                f"{_pct(1 - fetch_frac)} of their time preprocessing ({per_batch(prep):.0f} "
-                f"ms a batch, {workers} workers in all); loader queue empty in "
-                f"{gw['queue_empty_steps']} of {gw['rank_steps']} steps"),
+        **_loader_evidence(gw, details, links),
         "placement": (f"the ring's bottleneck is {now_bps / 1e6:g} Mbit/s where a placement "
                       f"of its {hops} ranks in one rack would give "
                       f"{(best_bps or now_bps) / 1e6:g} Mbit/s; its hops cross {crossed} leaf "

@@ -179,19 +179,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             if ph.sconns:
                 clients, storage_ready = self.start_storage(pp, ph.sconns, work, estimate)
                 procs += clients
-            if ph.econns:                        # the elephants run through the job
-                d.elephants = FlowRunner(self.fabric, [c.spec for c in ph.econns], work,
-                                         self.fabric.record)
-                d.elephants.start_servers()
-                d.elephants.start_clients(estimate + ELEPHANT_SPARE_S)
-                if d.elephants.wait_connected() is None:
-                    raise MachineError("elephant.pairs", "an elephant did not connect")
-            if ph.oconns:                        # the other job, alone for a while first
-                (work / "other").mkdir(exist_ok=True)
-                others = self.start_ring(otherjob.job_params(pp), pp["other_job"]["hosts"],
-                                         ph.oconns, work / "other", [])
-                procs += others
-                time.sleep(pp["other_job"]["alone_s"])
+            procs += self.start_beside(ph, d, estimate)
             if job["pattern"] == "incast":
                 rx = ph.conns[0].spec.dst
                 d.capture = ecnwire.start_capture(self.host(rx).popen,
@@ -229,16 +217,41 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             d.ecn1 = self.ecn_counters()
             d.tcp1 = {h: tcp_counters(self.host(h)) for h in watched_hosts}
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            if d.capture is not None and d.capture.proc.poll() is None:
-                d.capture.proc.kill()
-            if d.elephants is not None:
-                d.elephants.stop()
+            self.kill_leftovers(procs, d)
             sampler.stop()
         return d
+
+    @staticmethod
+    def kill_leftovers(procs: list[subprocess.Popen], d: Drive) -> None:
+        """Every way out of a phase: what it started and is still running, killed by PID."""
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if d.capture is not None and d.capture.proc.poll() is None:
+            d.capture.proc.kill()
+        if d.elephants is not None:
+            d.elephants.stop()
+
+    def start_beside(self, ph: Phase, d: Drive, estimate: float) -> list[subprocess.Popen]:
+        """What runs beside the job, started before it: the elephants (through the job, held
+        in ``d`` to be stopped with it) and the other job's ranks (returned), alone for
+        ``other_job.alone_s`` first."""
+        pp, work = ph.pp, ph.work
+        if ph.econns:
+            d.elephants = FlowRunner(self.fabric, [c.spec for c in ph.econns], work,
+                                     self.fabric.record)
+            d.elephants.start_servers()
+            d.elephants.start_clients(estimate + ELEPHANT_SPARE_S)
+            if d.elephants.wait_connected() is None:
+                raise MachineError("elephant.pairs", "an elephant did not connect")
+        if not ph.oconns:
+            return []
+        (work / "other").mkdir(exist_ok=True)
+        others = self.start_ring(otherjob.job_params(pp), pp["other_job"]["hosts"],
+                                 ph.oconns, work / "other", [])
+        time.sleep(pp["other_job"]["alone_s"])
+        return others
 
     def estimate_s(self, job: dict[str, Any], loader: dict[str, Any]) -> float:
         """How long the job may take before it counts as hung: every step's compute, plus
