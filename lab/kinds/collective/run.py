@@ -293,6 +293,6 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
                                "rendezvous (rank reports: " + ", ".join(map(str, reports)) + ")")
         self.next_index += len(conns)
         ph.conns = conns
-        ph.pinned = self.set_paths(ph.pp, conns)
+        ph.pinned = self.set_paths(ph.pp, conns, ph.econns, ph.oconns)
         self.request({"cmd": "watch", "flows": [e for c in conns
                                                 for e in c.spec.watch_entries(c.index)]})
