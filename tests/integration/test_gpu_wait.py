@@ -56,8 +56,11 @@ OTHER_JOB_SLOWDOWN_MIN = 1.5
 #: The share of that slowdown the job-aware policy gives back: all of it measured (its step
 #: 0.997x alone).
 JOB_AWARE_RECOVERS_MIN = 0.8
-#: A batch on the wire: its payload plus TCP/IP headers and the request's ACKs' share.
-WIRE_OVERHEAD_MAX = 1.10
+#: A batch on the wire: its payload plus TCP/IP headers and the request's ACKs' share, and
+#: on the slowest storage link (0.25 Mbit/s, whose 150 KB queue holds 4.8 s) the segments
+#: TCP's timer sent again while the first copies still queued: both arrive. 1.07 measured
+#: at most elsewhere, 1.10 there.
+WIRE_OVERHEAD_MAX = 1.15
 
 
 #: What each phase injects (the grader's ground truth too): the diagnosis never sees it.
