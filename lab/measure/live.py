@@ -170,3 +170,52 @@ def publishing(feed: Feed) -> Iterator[Feed]:
         yield feed
     finally:
         _current = None
+
+
+#: How often lanes are read from the files their programs write (s): the page polls every
+#: 0.5 s, and a program rewrites its file at most that often.
+LANE_POLL_S = 0.5
+
+
+class LanePoller:
+    """A thread that calls ``read`` every ``LANE_POLL_S`` and publishes the lanes it returns
+    to ``feed``; :meth:`stop` reads them one last time, after the programs' final write
+    (made as they exit, so before the phase's wait for them returns)."""
+
+    def __init__(self, feed: Feed, read: Callable[[], list[Lane]]) -> None:
+        self.feed, self.read = feed, read
+        self._stop = threading.Event()
+        self.polls = 0
+        self._thread = threading.Thread(target=self._run, name="fabriclab-lanes", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poll(self) -> None:
+        self.feed.set_lanes(self.read())
+        self.polls += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(LANE_POLL_S):
+            self.poll()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.poll()
+
+
+@contextmanager
+def polling_lanes(read: Callable[[], list[Lane]]) -> Iterator[None]:
+    """For the body (a phase's wait for its programs), publish the lanes ``read`` returns
+    to the live feed, if there is one; without a live view nothing runs."""
+    feed = _current
+    if feed is None:
+        yield
+        return
+    poller = LanePoller(feed, read)
+    poller.start()
+    try:
+        yield
+    finally:
+        poller.stop()

@@ -92,7 +92,7 @@ def test_the_poller_publishes_the_files_there_are(tmp_path: Path) -> None:
         agent="rtmpview", stream_id=1, t0=50.5, now=53.0, startup_delay_s=1.0,
         stalls=[(2.0, None)])))
     (tmp_path / "1.hls.live.json").write_text("{")  # a reader must never see this; skipped
-    poller = liveview.LanePoller(feed, files)
+    poller = live.LanePoller(feed, lambda: liveview.read_lanes(files))
     poller.start()
     poller.stop()
     assert poller.polls >= 1

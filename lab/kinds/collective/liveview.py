@@ -18,16 +18,12 @@ nothing else changes.
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from lab.measure import live
 
-#: The lanes are read from the ranks' files this often (s): the page polls every 0.5 s.
-POLL_S = 0.5
 #: The states a rank's spans may have: the step's parts, as the ranks name them.
 STATES = ("data_wait", "compute", "exposed_comm", "barrier")
 
@@ -67,46 +63,8 @@ def read_lanes(files: list[tuple[int, Path]]) -> list[live.Lane]:
     return lanes
 
 
-class RankLanePoller:
-    """A thread that reads the ranks' live files every ``POLL_S`` and publishes their lanes;
-    :meth:`stop` reads them one last time, after the ranks' final write (made before they
-    exit, so before the phase's wait for them returns)."""
-
-    def __init__(self, feed: live.Feed, files: list[tuple[int, Path]]) -> None:
-        self.feed, self.files = feed, files
-        self._stop = threading.Event()
-        self.polls = 0
-        self._thread = threading.Thread(target=self._run, name="fabriclab-rank-lanes",
-                                        daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def poll(self) -> None:
-        self.feed.set_lanes(read_lanes(self.files))
-        self.polls += 1
-
-    def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
-            self.poll()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.poll()
-
-
-@contextmanager
-def rank_lanes(work: Path, ranks: int) -> Iterator[None]:
+def rank_lanes(work: Path, ranks: int) -> AbstractContextManager[None]:
     """For the body (the wait for the job's ranks), publish the ranks' lanes to the live
     feed, if there is one."""
-    feed = live.current()
-    if feed is None:
-        yield
-        return
-    poller = RankLanePoller(feed, [(r, live_path(work, r)) for r in range(ranks)])
-    poller.start()
-    try:
-        yield
-    finally:
-        poller.stop()
+    files = [(r, live_path(work, r)) for r in range(ranks)]
+    return live.polling_lanes(lambda: read_lanes(files))

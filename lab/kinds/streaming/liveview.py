@@ -16,17 +16,13 @@ no option, no file, no thread.
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from lab.kinds.streaming.plan import Stream
 from lab.measure import live
 
-#: The lanes are read from the viewers' files this often (s): the page polls every 0.5 s.
-POLL_S = 0.5
 #: Each viewer by the middle of its files' names (as ``programs`` names them): its key in a
 #: stream's ``players`` in result.json (the lane's id is ``key:stream id``), and its label.
 VIEWERS = {"view": ("rtmp", "RTMP"), "hls": ("hls", "HLS"), "hlsjs": ("hlsjs", "hls.js")}
@@ -71,34 +67,6 @@ def read_lanes(files: list[tuple[str, str, Path]]) -> list[live.Lane]:
     return lanes
 
 
-class LanePoller:
-    """A thread that reads the viewers' live files every ``POLL_S`` and publishes their
-    lanes to ``feed``; :meth:`stop` reads them one last time, after the viewers' final
-    write (they write it as they exit, before the phase's wait for them returns)."""
-
-    def __init__(self, feed: live.Feed, files: list[tuple[str, str, Path]]) -> None:
-        self.feed, self.files = feed, files
-        self._stop = threading.Event()
-        self.polls = 0
-        self._thread = threading.Thread(target=self._run, name="fabriclab-lanes", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def poll(self) -> None:
-        self.feed.set_lanes(read_lanes(self.files))
-        self.polls += 1
-
-    def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
-            self.poll()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.poll()
-
-
 class EdgeLiveView:
     """The viewers' lanes in the live view (a part of ``EdgeRun``)."""
 
@@ -109,20 +77,10 @@ class EdgeLiveView:
             return []
         return ["--live-file", str(live_path(work, stream_id, what))]
 
-    @contextmanager
-    def viewer_lanes(self, work: Path, streams: list[Stream]) -> Iterator[None]:
+    def viewer_lanes(self, work: Path, streams: list[Stream]) -> AbstractContextManager[None]:
         """For the body (the phase's watch), publish the lanes of ``streams``' viewers to
         the live feed, if there is one."""
-        feed = live.current()
-        if feed is None:
-            yield
-            return
         # Every viewer a stream may have: the files of those it has not are never there.
         files = [(f"{key}:{s.id}", f"{s.id} {label}", live_path(work, s.stream_id, what))
                  for s in streams for what, (key, label) in VIEWERS.items()]
-        poller = LanePoller(feed, files)
-        poller.start()
-        try:
-            yield
-        finally:
-            poller.stop()
+        return live.polling_lanes(lambda: read_lanes(files))
