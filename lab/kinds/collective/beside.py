@@ -12,7 +12,7 @@ from typing import Any
 
 from controllers import policies
 from lab.model.errors import ScenarioError
-from lab.model.topodesc import edge_switches, hosts_of
+from lab.model.flowpaths import attachment
 
 
 def check_elephants(pp: dict[str, Any], topo_desc: dict[str, Any], known: list[str] | None,
@@ -24,7 +24,7 @@ def check_elephants(pp: dict[str, Any], topo_desc: dict[str, Any], known: list[s
     pairs = el["pairs"]
     if not pairs:
         return
-    leaf_of = {h: sw for sw in edge_switches(topo_desc) for h in hosts_of(topo_desc, sw)}
+    leaf_of = attachment(topo_desc)
     storage = set(pp["storage"]["hosts"])
     for pair in pairs:
         if not (isinstance(pair, list) and len(pair) == 2
