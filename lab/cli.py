@@ -52,10 +52,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                              duration=args.duration, seed=args.seed),
                              args.policy)
     if args.dry_run:
-        for plan in run.make_plans(args.scenario, policy=args.policy, sets=args.set,
-                                   duration=args.duration, seed=args.seed,
-                                   runtime=args.controller):
+        plans = run.make_plans(args.scenario, policy=args.policy, sets=args.set,
+                               duration=args.duration, seed=args.seed, runtime=args.controller)
+        for plan in plans:
             print(run.expectation_line(plan))
+        for line in run.kind_warnings(plans):
+            print(line)
         return 0
     results = run.run(args.scenario, out=Path(args.out) if args.out else None,
                       policy=args.policy, sets=args.set, duration=args.duration,

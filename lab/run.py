@@ -142,6 +142,12 @@ def expectation_line(plan: Plan, exp: capacity.Expectation | None = None,
     return f"{tag} expected fidelity: not estimated - {exp.why}"
 
 
+def kind_warnings(plans: list[Plan]) -> list[str]:
+    """The kind's warnings about the plans' settings, each line once: the policies' plans
+    share the scenario's settings."""
+    return list(dict.fromkeys(line for plan in plans for line in plan.kind.warnings(plan)))
+
+
 def worker_expectations(plan: Plan, cluster: ClusterRun) -> dict[str, capacity.Expectation]:
     """Each worker's expected fidelity: the capacity model on the hops of the switches
     placed there (``capacity.switch_shares``), with its stated cores (the head's count
@@ -346,6 +352,8 @@ def run(name: str, out: Path | None = None, progress: Progress = print, live: bo
     for plan in plans:           # before anything starts: a warning, not a refusal
         if plan.expected is not None and plan.expected.verdict == "invalid":
             progress(expectation_line(plan))
+    for line in kind_warnings(plans):
+        progress(line)
     base = out or default_out_dir(plans[0].scenario.name)
     done = []
     with live_view(plans, progress, live) as progress:

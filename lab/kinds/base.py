@@ -66,6 +66,10 @@ def _no_section_plots(_section: Section, _run_dir: Path | None) -> Plots:
     return []
 
 
+def _no_warnings(_plan: Plan) -> list[str]:
+    return []
+
+
 def _one_machine_only(plan: Plan) -> tuple[str, str]:
     return ("kind", f"{plan.scenario.name} is a {plan.kind.name} scenario, whose programs "
             "run on one machine only so far")
@@ -119,6 +123,10 @@ class Kind:
     ``run_plots(result, sections)``, ``section_plots(section, run_dir)``
         its own plots (``lab.plotting`` specs), drawn by the report before, and per phase
         after, the plots every run gets (default: none).
+    ``warnings(plan)``
+        what the user should know before the start that does not stop the run (the run
+        shows what happens), one line each, beginning ``warning:``; printed by ``run`` and
+        ``--dry-run`` (default: none).
     ``cluster_refusal(plan)``
         why the plan cannot run split over several machines (``run --cluster``), as the
         field to blame and the reason, or None when it can; checked before anything starts
@@ -138,6 +146,7 @@ class Kind:
     keep_logs: Callable[[Path, Path], None] = _no_logs
     run_plots: Callable[[dict[str, Any], list[Section]], Plots] = _no_run_plots
     section_plots: Callable[[Section, Path | None], Plots] = _no_section_plots
+    warnings: Callable[[Plan], list[str]] = _no_warnings
     cluster_refusal: Callable[[Plan], tuple[str, str] | None] = _one_machine_only
 
 

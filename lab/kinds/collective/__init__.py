@@ -12,9 +12,10 @@ and ``plots`` (step times, a sweep's busbw, a DDP step).
 from __future__ import annotations
 
 from lab.kinds.base import Kind
-from lab.kinds.collective import metrics, plan, plots, run
+from lab.kinds.collective import causes, metrics, plan, plots, run
 
 KIND = Kind(name="collective", schema=plan.SCHEMA, plan=plan.flows, run=run.on_fabric,
             summary_rows=metrics.summary_rows, regress_metrics=metrics.regress_metrics,
             defaults=plan.DEFAULTS, prepare=plan.prepare, keep_logs=run.keep_logs,
-            run_plots=plots.run_plots, cluster_refusal=plan.cluster_refusal)
+            run_plots=plots.run_plots, warnings=causes.warnings,
+            cluster_refusal=plan.cluster_refusal)

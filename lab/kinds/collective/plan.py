@@ -195,7 +195,7 @@ def check_marking(ecn: dict[str, Any], where: str) -> dict[str, Any] | None:
     return body
 
 
-def _field_namer(name: str, over: dict[str, Any]):
+def field_namer(name: str, over: dict[str, Any]):
     """Names a key as the user wrote it: the phase's override if it has one, else the
     scenario's own key."""
     def field(key: str) -> str:
@@ -211,7 +211,7 @@ def _field_namer(name: str, over: dict[str, Any]):
 def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
                 over: dict[str, Any] | None = None) -> None:
     job = pp["job"]
-    f = _field_namer(name, over or {})
+    f = field_namer(name, over or {})
     n = job["workers"]
     if job["program"] == "ddp":
         check_ddp(job, f)
@@ -383,7 +383,7 @@ def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> dict[str, dict[s
     raw = params.get("phases") or {}
     for name, pp in phases.items():
         check_phase(name, pp, topo_desc, raw.get(name) or {})
-        f = _field_namer(name, raw.get(name) or {})
+        f = field_namer(name, raw.get(name) or {})
         if pp["other_job"]["announce"]:
             beside.check_job_aware(str(params.get("policy", "")), f("other_job.announce"))
         base = pp["other_job"]["baseline"]

@@ -39,5 +39,5 @@ from lab.kinds.streaming import metrics, plan, plots, run
 KIND = Kind(name="streaming", schema=plan.SCHEMA, plan=plan.streams, run=run.on_fabric,
             summary_rows=metrics.summary_rows, regress_metrics=metrics.regress_metrics,
             topology_defaults=plan.topology_defaults, prepare=run.prepare,
-            keep_logs=run.keep_logs,
+            keep_logs=run.keep_logs, warnings=plan.warnings,
             run_plots=plots.run_plots, section_plots=plots.section_plots)

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lab.kinds.streaming.media import MEDIA_CHOICES, RTMP_PORT, resolve
 from lab.model.errors import ScenarioError
 from lab.model.flows import FIXED_SPORTS, FlowSpec
 from lab.model.scenario import Param, require
 from lab.net.edgecontrol import FiveTuple
+
+if TYPE_CHECKING:
+    from lab.kinds.base import Plan
 
 PHASES = ("before-upgrade", "incident", "fix-hash", "fix-placement", "failover-link",
           "failover-border")
@@ -215,6 +218,11 @@ def relays(servers: list[str], phase_streams: list[Stream], ips: dict[str, str],
         st.relayed_by = relay.id
         out.append(relay)
     return out
+
+
+def warnings(plan: Plan) -> list[str]:
+    """The kind's warnings before the start: streams above their hosts' access links."""
+    return access_warnings(plan.topo_desc, plan.flows)
 
 
 def access_warnings(topo_desc: dict[str, Any], streams: list[Stream]) -> list[str]:

@@ -22,7 +22,7 @@ from lab.kinds.base import Plan, Progress
 from lab.kinds.streaming import media, metrics
 from lab.kinds.streaming.failover import EdgeFailover
 from lab.kinds.streaming.liveview import EdgeLiveView
-from lab.kinds.streaming.plan import ORIGIN_ROLES, Stream, access_warnings, phase_names
+from lab.kinds.streaming.plan import ORIGIN_ROLES, Stream, phase_names
 from lab.kinds.streaming.programs import EdgePrograms
 from lab.kinds.streaming.setup import EdgeSetup
 from lab.machine.progress import Ticker
@@ -59,8 +59,6 @@ def on_fabric(plan: Plan, fabric: Fabric, progress: Progress,
     """Bring the edge up (fabric, FRR routers, BGP), then the phases one after another;
     returns the kind's part of result.json."""
     prepared = prepared or prepare(plan)
-    for line in access_warnings(plan.topo_desc, plan.flows):
-        progress(line)
     fabric.gateways = frozenset({CORE})
     progress(f"bringing up streaming-edge: {len(plan.topo_desc['switches'])} switches, "
              f"{len(plan.topo_desc['routers'])} FRR routers, controller "

@@ -1,0 +1,101 @@
+"""Settings that cannot make the GPUs wait the way they are set to: a warning each, before
+anything starts.
+
+A phase slows the storage rack, starves the loader of CPU or binds the ring to the
+management NICs to make the GPUs wait for that reason. Some values cannot: a storage link
+faster than every batch the GPUs can ask of it, loader workers that preprocess a batch
+within a step's compute, a management LAN no slower than the fabric. The run still goes
+ahead (it shows what those values do), but the user learns before it starts, not from a
+diagnosis that names nothing, that the phase tests no cause. The bounds are the model's
+upper limits: what is warned about cannot happen; what is not warned about may still not.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from controllers.marking import TCP_MSS_BYTES, WIRE_FRAME_BYTES
+from lab.kinds.collective.plan import field_namer, phase_params
+
+if TYPE_CHECKING:
+    from lab.kinds.base import Plan
+
+#: What a byte of a batch costs on the wire in full-size TCP frames.
+WIRE_PER_PAYLOAD = WIRE_FRAME_BYTES / TCP_MSS_BYTES
+
+
+def warnings(plan: Plan) -> list[str]:
+    """One line per setting that cannot produce the wait it is set for, naming the phase and
+    the key as the user wrote it."""
+    params, topo_desc = plan.params, plan.topo_desc
+    raw = params.get("phases") or {}
+    out = []
+    for name, pp in phase_params(params).items():
+        over = raw.get(name) or {}
+        f = field_namer(name, over)
+        for key, why in (*_data(pp), *_cpu(pp, over), *_interface(pp, topo_desc)):
+            out.append(f"warning: [{name}] {f(key)}: {why}")
+    return out
+
+
+def storage_demand_mbps(pp: dict[str, Any]) -> dict[str, float]:
+    """{storage host: the most the phase's loaders can ask of its link, Mbit/s on the wire}.
+
+    A rank takes one batch a step, and a step is at least its compute and at least a batch's
+    preprocessing spread over the loader's workers. Worker j reads from storage host j mod S,
+    and batch i comes from worker i mod N, so each host serves its workers' share of the
+    batches. With no compute and no preprocessing the demand has no bound (infinite)."""
+    ld, hosts = pp["loader"], pp["storage"]["hosts"]
+    per_step = max(pp["job"]["compute_s"], ld["cpu_ms"] / 1000 / ld["workers"])
+    out = {}
+    for s, host in enumerate(hosts):
+        share = sum(1 for j in range(ld["workers"]) if j % len(hosts) == s) / ld["workers"]
+        bits = pp["job"]["workers"] * share * ld["batch_bytes"] * 8 * WIRE_PER_PAYLOAD
+        out[host] = bits / per_step / 1e6 if per_step > 0 else float("inf")
+    return out
+
+
+def _data(pp: dict[str, Any]) -> list[tuple[str, str]]:
+    rate = pp["storage"]["link_mbps"]
+    if not rate:
+        return []
+    if not pp["loader"]["enabled"]:
+        if pp["storage"]["mode"] == "off":
+            return [("storage.link_mbps", "nothing reads from the storage hosts in this phase "
+                     "(loader.enabled is false, storage.mode off)")]
+        return []
+    demand = storage_demand_mbps(pp)
+    if all(rate >= d for d in demand.values()):
+        most = max(demand.values())
+        return [("storage.link_mbps", f"{rate:g} Mbit/s is at least the most the loaders can "
+                 f"ask of a storage link ({most:.3g} Mbit/s): the GPUs will not wait for data")]
+    return []
+
+
+def _cpu(pp: dict[str, Any], over: dict[str, Any]) -> list[tuple[str, str]]:
+    """Only where the phase itself sets the loader's CPU: the scenario's own loader is
+    meant to keep up."""
+    ld = pp["loader"]
+    set_here = [k for k in ("workers", "cpu_ms") if k in (over.get("loader") or {})]
+    if not ld["enabled"] or not set_here:
+        return []
+    every_ms = ld["cpu_ms"] / ld["workers"]
+    if every_ms < pp["job"]["compute_s"] * 1000:
+        return [(f"loader.{set_here[0]}", f"{ld['workers']} loader worker(s) preprocess a "
+                 f"batch every {every_ms:g} ms, within the step's {pp['job']['compute_s'] * 1000:g}"
+                 " ms of compute: the GPUs will not wait for the CPU")]
+    return []
+
+
+def _interface(pp: dict[str, Any], topo_desc: dict[str, Any]) -> list[tuple[str, str]]:
+    if pp["job"]["interface"] != "mgmt":
+        return []
+    hosts = {h["name"] for h in topo_desc["hosts"]}
+    fabric = min((float(ln["bw_mbps"]) for ln in topo_desc["links"]
+                  if ln["a"] in hosts or ln["b"] in hosts), default=0.0)
+    mgmt = float(topo_desc["mgmt"]["bw_mbps"])
+    if mgmt >= fabric:
+        return [("job.interface", f"the management NICs ({mgmt:g} Mbit/s, topology.mgmt_bw) "
+                 f"are no slower than the hosts' fabric links ({fabric:g} Mbit/s): the wrong "
+                 "interface will not slow the all-reduce")]
+    return []
