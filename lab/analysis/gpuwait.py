@@ -25,6 +25,8 @@ import json
 import random
 from typing import Any
 
+from lab.model.flowpaths import attachment
+
 #: A cause is named when it holds the GPUs for at least this share of step time: a tenth of
 #: a step is what a healthy phase never reaches (healthy gpu-wait: data wait 0.04 %, the
 #: all-reduce beyond its ideal under 2 %).
@@ -102,31 +104,44 @@ def _job_hosts(details: dict[str, Any]) -> list[str]:
     return sorted({f["src"] for f in details.get("flows", []) if f.get("kind") == "allreduce"})
 
 
+def rack_uplinks(topology: dict[str, Any]) -> set[tuple[str, str]]:
+    """The links leaving a rack, upwards: (a switch hosts hang from, as a leaf or a
+    fat-tree's edge, a switch they do not, as a spine or an aggregation switch)."""
+    switches = {sw["name"] for sw in topology.get("switches", [])}
+    access = set(attachment(topology).values())
+    out = set()
+    for ln in topology.get("links", []):
+        a, b = ln["a"], ln["b"]
+        if a in switches and b in switches and (a in access) != (b in access):
+            out.add((a, b) if a in access else (b, a))
+    return out
+
+
 def best_bottleneck_bps(topology: dict[str, Any], details: dict[str, Any]) -> float | None:
     """The slowest link a ring of the job's size would cross if placed as well as this
-    fabric allows: inside one leaf when some leaf has that many hosts free of storage (its
-    hosts' own links), else across the spines (the slower of host and leaf-spine links).
+    fabric allows: inside one rack when some rack has that many hosts free of storage (its
+    hosts' own links), else out of its rack (the slower of host and rack-uplink links).
+    Racks are the switches hosts hang from, so a leaf-spine and a fat-tree read alike.
     None when the phase has no all-reduce to place."""
     hosts = _job_hosts(details)
     if not hosts:
         return None
-    roles = {sw["name"]: sw["role"] for sw in topology.get("switches", [])}
+    att = attachment(topology)
     storage = {f["src"] for f in details.get("flows", []) if f.get("kind") == "loader"}
-    per_leaf: dict[str, int] = {}
-    host_bw, fabric_bw = [], []
-    for ln in topology.get("links", []):
-        a, b = ln["a"], ln["b"]
-        if roles.get(b) == "leaf" and a not in roles:
-            if a not in storage:
-                per_leaf[b] = per_leaf.get(b, 0) + 1
-            if a in hosts:
-                host_bw.append(ln["bw_mbps"])
-        elif roles.get(a) == "leaf" and roles.get(b) == "spine":
-            fabric_bw.append(ln["bw_mbps"])
+    per_rack: dict[str, int] = {}
+    for h, sw in att.items():
+        if h not in storage:
+            per_rack[sw] = per_rack.get(sw, 0) + 1
+    host_bw = [ln["bw_mbps"] for ln in topology.get("links", [])
+               for h, sw in ((ln["a"], ln["b"]), (ln["b"], ln["a"]))
+               if h in hosts and att.get(h) == sw]
+    uplinks = rack_uplinks(topology)
+    fabric_bw = [ln["bw_mbps"] for ln in topology.get("links", [])
+                 if (ln["a"], ln["b"]) in uplinks or (ln["b"], ln["a"]) in uplinks]
     if not host_bw:
         return None
     best = min(host_bw)
-    if len(hosts) > max(per_leaf.values(), default=0) and fabric_bw:
+    if len(hosts) > max(per_rack.values(), default=0) and fabric_bw:
         best = min(best, min(fabric_bw))
     return best * 1e6
 
@@ -152,7 +167,7 @@ def shared_links(details: dict[str, Any]) -> list[dict[str, Any]]:
             if f.get("kind") == "allreduce":
                 job.add(key)
     out = []
-    for key in job:
+    for key in sorted(job):     # ties in one order, whatever the set's
         kinds = per[key]
         total = sum(kinds.values())
         other = total - kinds.get("allreduce", 0)
@@ -247,13 +262,14 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
               "placement": placed, "interface": interface,
               "network": excess_comm - by_job, "other-job": by_job, "straggler": straggler}
     hops = len(_job_hosts(details))
-    crossed = sum(1 for sh in shared if sh["link"].split("->")[1].startswith("spine"))
+    uplinks = rack_uplinks(topology)
+    crossed = sum(1 for sh in shared if tuple(sh["link"].split("->")) in uplinks)
     links = storage_links(details)
     evidence = {
         **_loader_evidence(gw, details, links),
         "placement": (f"the ring's bottleneck is {now_bps / 1e6:g} Mbit/s where a placement "
                       f"of its {hops} ranks in one rack would give "
-                      f"{(best_bps or now_bps) / 1e6:g} Mbit/s; its hops cross {crossed} leaf "
+                      f"{(best_bps or now_bps) / 1e6:g} Mbit/s; its hops cross {crossed} rack "
                       f"uplinks; ideal all-reduce {_pct(ideal)} of the step against "
                       f"{_pct(ideal_best)} placed well"),
         "interface": (f"{len(wrong_nic)} of the job's all-reduce connections ran off the "
