@@ -3,11 +3,15 @@ before anything starts, naming the phase and the key; the run still goes ahead."
 
 from __future__ import annotations
 
+import copy
+from types import SimpleNamespace
+
 import pytest
 
 from lab import run
 from lab.kinds.collective import causes
 from lab.kinds.collective.plan import phase_params
+from lab.net.topologies import describe, make_topology
 from tests.integration.support import fabriclab
 
 
@@ -26,6 +30,9 @@ def test_the_lessons_phases_can_each_produce_their_cause() -> None:
     (["phases.cpu.loader.workers=8"],
      "warning: [cpu] phases.cpu.loader.workers: 8 loader worker(s) preprocess a batch every "
      "50 ms, within the step's 100 ms of compute", 1),
+    (["topology.fabric_bw=50"],
+     "warning: [placement] phases.placement.placement.hosts: the racks' uplinks (50 Mbit/s) "
+     "are no slower than the hosts' links (50 Mbit/s)", 1),
     # with no loader, the data and mixed phases' slow storage links feed nothing either
     (["phases.healthy.storage.link_mbps=1", "loader.enabled=false"],
      "warning: [healthy] phases.healthy.storage.link_mbps: nothing reads from the storage "
@@ -41,6 +48,19 @@ def test_a_management_lan_as_fast_as_the_fabric_warns_every_phase_bound_to_it() 
     lines = warned("topology.mgmt_bw=50")
     assert [ln.split("]")[0] for ln in lines] == ["warning: [wrong-nic", "warning: [mixed"]
     assert all("job.interface: the management NICs (50 Mbit/s" in ln for ln in lines)
+
+
+def test_on_a_fat_tree_four_ranks_leave_their_edge_packed_or_not() -> None:
+    params = copy.deepcopy(run.make_plans("gpu-wait")[0].params)
+    params["topology"] = {"type": "fattree", "k": 4, "host_bw": 50, "fabric_bw": 20,
+                          "mgmt_bw": 10}
+    params["storage"]["hosts"] = ["h15", "h16"]
+    for name in ("network", "racks", "two-jobs", "job-aware"):   # elephants, other jobs
+        del params["phases"][name]
+    topo = describe(make_topology(params["topology"]))
+    assert causes.warnings(SimpleNamespace(params=params, topo_desc=topo)) == [
+        "warning: [placement] phases.placement.placement.hosts: 4 ranks do not fit in one "
+        "rack (at most 2 hosts free of storage): packed, they cross the racks' uplinks too"]
 
 
 def test_the_bound_is_the_demand_the_storage_link_can_be_asked() -> None:

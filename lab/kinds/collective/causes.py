@@ -15,7 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from controllers.marking import TCP_MSS_BYTES, WIRE_FRAME_BYTES
+from lab.analysis.gpuwait import rack_uplinks
 from lab.kinds.collective.plan import field_namer, phase_params
+from lab.model.flowpaths import attachment
 
 if TYPE_CHECKING:
     from lab.kinds.base import Plan
@@ -33,7 +35,8 @@ def warnings(plan: Plan) -> list[str]:
     for name, pp in phase_params(params).items():
         over = raw.get(name) or {}
         f = field_namer(name, over)
-        for key, why in (*_data(pp), *_cpu(pp, over), *_interface(pp, topo_desc)):
+        for key, why in (*_data(pp), *_cpu(pp, over), *_interface(pp, topo_desc),
+                         *_placement(pp, over, topo_desc)):
             out.append(f"warning: [{name}] {f(key)}: {why}")
     return out
 
@@ -98,4 +101,33 @@ def _interface(pp: dict[str, Any], topo_desc: dict[str, Any]) -> list[tuple[str,
         return [("job.interface", f"the management NICs ({mgmt:g} Mbit/s, topology.mgmt_bw) "
                  f"are no slower than the hosts' fabric links ({fabric:g} Mbit/s): the wrong "
                  "interface will not slow the all-reduce")]
+    return []
+
+
+def _placement(pp: dict[str, Any], over: dict[str, Any],
+               topo_desc: dict[str, Any]) -> list[tuple[str, str]]:
+    """Only where the phase itself scatters the ranks: packed, a job that does not fit in a
+    rack crosses the racks' uplinks anyway, and uplinks no slower than the hosts' links
+    cost a crossing ring nothing."""
+    if "hosts" not in (over.get("placement") or {}) or pp["placement"]["hosts"] == "packed":
+        return []
+    att = attachment(topo_desc)
+    storage = set(pp["storage"]["hosts"])
+    free: dict[str, int] = {}
+    for h, sw in att.items():
+        if h not in storage:
+            free[sw] = free.get(sw, 0) + 1
+    n, most = pp["job"]["workers"], max(free.values(), default=0)
+    up = rack_uplinks(topo_desc)
+    rates = {(ln["a"], ln["b"]): float(ln["bw_mbps"]) for ln in topo_desc["links"]}
+    rates.update({(b, a): r for (a, b), r in list(rates.items())})
+    host_bw = min((rates[(h, sw)] for h, sw in att.items()), default=0.0)
+    uplink_bw = min((rates[k] for k in up), default=host_bw)
+    if n > most:
+        return [("placement.hosts", f"{n} ranks do not fit in one rack (at most {most} hosts "
+                 "free of storage): packed, they cross the racks' uplinks too")]
+    if uplink_bw >= host_bw:
+        return [("placement.hosts", f"the racks' uplinks ({uplink_bw:g} Mbit/s) are no "
+                 f"slower than the hosts' links ({host_bw:g} Mbit/s): crossing them costs "
+                 "the ring nothing")]
     return []
