@@ -9,8 +9,9 @@ placement *together*. What is read, per phase:
   its parts say what held the step;
 - the loader's own record per worker: time fetching a batch from storage against time
   preprocessing it, which splits a data wait into "storage too slow" and "CPU too slow";
-- the loader flows' bytes against the rate of their storage host's link, the job's
-  all-reduce time against the ideal for its bottleneck rate, drops and retransmits.
+- the loader flows' bytes against the rate of their storage host's link on the network
+  they used (the fabric or a storage network of its own, read from their addresses), the
+  job's all-reduce time against the ideal for its bottleneck rate, drops and retransmits.
 
 Never the phase's name, the scenario's settings or its description: a test runs this on
 results with every phase renamed and the parameters removed, and must get the same causes.
@@ -81,21 +82,39 @@ def _loader_split(details: dict[str, Any]) -> tuple[float, float, int, int]:
     return fetch, prep, batches, workers
 
 
+def carried_bytes(flow: dict[str, Any]) -> int:
+    """What a flow carried: its switches' count on the fabric; off it (the management LAN,
+    whose bridge counts no flow) its ends' own count (TCP's bytes acked or received)."""
+    if flow.get("interface", "fabric") == "fabric":
+        return flow.get("bytes") or 0
+    return max(flow.get("sent_bytes") or 0, flow.get("received_bytes") or 0)
+
+
 def storage_links(details: dict[str, Any]) -> list[dict[str, Any]]:
     """Per storage host (a loader flow's source): what its loader flows carried, against
-    the rate of its own link in the phase, as a utilisation over the phase."""
-    rate = {ln["peer"]: ln["bw_mbps"] for ln in details.get("links", [])}
+    the rate of its own link in the phase, as a utilisation over the phase, on the network
+    those flows used (their ``interface``, read from their addresses: the fabric, or a
+    storage network of its own); with the switch port of that link and its drops.
+
+    The host's own egress, where its batches queue, is not a switch port: its bytes are
+    the flows'. Off the fabric those are TCP's payload, a few per cent under the wire's."""
+    ports = {(ln.get("role", "fabric"), ln["peer"]): ln for ln in details.get("links", [])}
     sent: dict[str, int] = {}
+    network: dict[str, str] = {}
     for f in details.get("flows", []):
         if f.get("kind") == "loader":
-            sent[f["src"]] = sent.get(f["src"], 0) + f["bytes"]
+            sent[f["src"]] = sent.get(f["src"], 0) + carried_bytes(f)
+            network[f["src"]] = f.get("interface", "fabric")
     dur = details.get("duration_s") or 0.0
     out = []
     for host, nbytes in sorted(sent.items()):
-        bw = rate.get(host)
+        ln = ports.get((network[host], host)) or {}
+        bw = ln.get("bw_mbps")
         util = nbytes * 8 / (bw * 1e6 * dur) if bw and dur else None
-        out.append({"host": host, "bytes": nbytes, "bw_mbps": bw,
-                    "util": round(util, 3) if util is not None else None})
+        out.append({"host": host, "network": network[host], "port": ln.get("intf"),
+                    "bytes": nbytes, "bw_mbps": bw,
+                    "util": round(util, 3) if util is not None else None,
+                    "drops": ln.get("drops")})
     return out
 
 
@@ -217,7 +236,8 @@ def _loader_evidence(gw: dict[str, Any], details: dict[str, Any],
         "data": (f"data wait {_pct(crit['data_wait'])} of the step; the loaders spent "
                  f"{_pct(fetch_frac)} of their time fetching ({per_batch(fetch):.0f} ms a "
                  "batch); storage links " + ", ".join(
-                     f"{s['host']} at {_pct(s['util'])} of {s['bw_mbps']:g} Mbit/s"
+                     f"{s['host']} at {_pct(s['util'])} of {s['bw_mbps']:g} Mbit/s "
+                     f"({s['network']} network, {s['port']}: {s['drops']} drops)"
                      for s in hot) + f"; {empty}"),
         "cpu": (f"data wait {_pct(crit['data_wait'])} of the step; the loaders spent "
                 f"{_pct(1 - fetch_frac)} of their time preprocessing ({per_batch(prep):.0f} "

@@ -84,6 +84,9 @@ SCHEMA: dict[str, Param] = {
     "storage.first_at_s": Param(float, 0, 600),
     # the storage hosts' links (both ends) for the phase, Mbit/s; 0: as the topology built them
     "storage.link_mbps": Param(float, 0, 100_000),
+    # the network storage traffic crosses: the compute fabric (shared with the ring), or the
+    # hosts' management LAN (topology.mgmt_bw) as a storage network of its own
+    "storage.network": Param(str, choices=("fabric", "mgmt")),
     # a ring rank's input pipeline (lab.agents.loader), reading batches from storage.hosts
     # a bool, not a mode: YAML reads a bare on/off as true/false
     "loader.enabled": Param(bool),
@@ -132,7 +135,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
             "interface": "fabric"},
     "placement": {"hosts": "packed", "paths": "hash", "receiver": ""},
     "storage": {"mode": "off", "hosts": [], "read_mbps": 1.0, "checkpoint_bytes": 2 << 20,
-                "every_s": 2.5, "first_at_s": 1.0, "link_mbps": 0.0},
+                "every_s": 2.5, "first_at_s": 1.0, "link_mbps": 0.0,
+                "network": "fabric"},
     # PyTorch's DataLoader defaults where it has them (prefetch_factor 2); off: no input wait
     "loader": {"enabled": False, "workers": 2, "prefetch": 2, "batch_bytes": 256 * 1024,
                "cpu_ms": 0.0},
@@ -235,6 +239,7 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
         raise ScenarioError(f("storage.link_mbps"), "sets the storage hosts' links; name "
                             "them in storage.hosts")
     check_loader(pp, f)
+    check_storage_network(pp, topo_desc, f)
     known = None if pp["placement"]["hosts"] == "scattered" \
         else place_workers(topo_desc, pp, random.Random(0))
     beside.check_elephants(pp, topo_desc, known, f)
@@ -292,6 +297,27 @@ def check_loader(pp: dict[str, Any], f: Any) -> None:
     if not pp["storage"]["hosts"]:
         raise ScenarioError(f("storage.hosts"), "the data loader reads its batches from "
                             "storage hosts; name at least one")
+
+
+def check_storage_network(pp: dict[str, Any], topo_desc: dict[str, Any], f: Any) -> None:
+    """A storage network of its own is the management LAN, and it carries the loaders'
+    batches: without that LAN or without a loader there is nothing to put on it; NIC classes
+    share a GPU's fabric NIC between the ring and storage, which a separate network does
+    not."""
+    st = pp["storage"]
+    if st["network"] != "mgmt":
+        return
+    if not topo_desc.get("mgmt"):
+        raise ScenarioError(f("storage.network"), "this topology has no management network "
+                            "(set topology.mgmt_bw)")
+    if not pp["loader"]["enabled"]:
+        raise ScenarioError(f("storage.network"), "a separate storage network carries the "
+                            "data loaders' batches; this phase has no loader "
+                            "(loader.enabled: true)")
+    if st["mode"] == "classes":
+        raise ScenarioError(f("storage.network"), "storage.mode classes shares the GPUs' "
+                            "fabric NICs between the ring and storage; on a separate storage "
+                            "network there is nothing to share")
 
 
 def check_sizes(job: dict[str, Any], f: Any) -> None:

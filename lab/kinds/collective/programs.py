@@ -40,6 +40,7 @@ class JobPrograms:
     ips: dict[str, str]
     ports: list[telemetry.Port]
     job_ips: Callable[[dict[str, Any]], dict[str, str]]  # JobSetup's: the job's addresses
+    storage_ips: Callable[[dict[str, Any]], dict[str, str]]  # JobSetup's: storage's
 
     def host(self, name: str) -> Any:
         return self.fabric.host(name)
@@ -86,23 +87,31 @@ class JobPrograms:
             count_wire_bytes(node.pid, wire_qdiscs(dev, None))
 
     def storage_links(self, pp: dict[str, Any], bw_mbps: float | None) -> None:
-        """Both ends of every storage host's link at ``bw_mbps`` for a phase (a storage
-        rack too slow for its readers), or back to the rate the topology built (None)."""
+        """Both ends of every storage host's link on the storage network (its fabric link,
+        or its management NIC's with ``storage.network: mgmt``) at ``bw_mbps`` for a phase
+        (a storage rack too slow for its readers), or back to the rate the topology built
+        (None)."""
+        mgmt = {h["name"]: h["intf"] for h in (self.plan.topo_desc.get("mgmt") or {})
+                .get("hosts", [])}
         for srv in pp["storage"]["hosts"]:
-            intf = self.host(srv).defaultIntf()
+            node = self.host(srv)
+            intf = node.intf(mgmt[srv]) if pp["storage"]["network"] == "mgmt" \
+                else node.defaultIntf()
             for end in (intf.link.intf1, intf.link.intf2):
                 rate = end.params["bw"] if bw_mbps is None else bw_mbps
                 change_rate(end.node, end.name, rate, "storage.link_mbps")
 
     def phase_ports(self, pp: dict[str, Any]) -> list[telemetry.Port]:
-        """The fabric's ports at the phase's rates: the storage hosts' at
-        ``storage.link_mbps`` when a phase sets it, so utilisation is of the rate in force;
-        and the management LAN's when the job runs on it."""
-        slow, storage = pp["storage"]["link_mbps"], set(pp["storage"]["hosts"])
+        """The fabric's ports, and the management LAN's when the job or storage uses it, at
+        the phase's rates: the ports facing the storage hosts on the storage network at
+        ``storage.link_mbps`` when a phase sets it, so utilisation is of the rate in force."""
+        st = pp["storage"]
+        slow, storage = st["link_mbps"], set(st["hosts"])
         mgmt = telemetry.mgmt_ports(self.plan.topo_desc) \
-            if pp["job"]["interface"] == "mgmt" else []
-        return [dataclasses.replace(p, bw_mbps=slow) if slow and p.peer in storage else p
-                for p in self.ports] + mgmt
+            if "mgmt" in (pp["job"]["interface"], st["network"]) else []
+        return [dataclasses.replace(p, bw_mbps=slow)
+                if slow and p.peer in storage and p.role == st["network"] else p
+                for p in self.ports + mgmt]
 
     def start_storage_servers(self, pp: dict[str, Any], work: Path) -> list[subprocess.Popen]:
         """One ``storage serve`` per storage host, listening before this returns.
@@ -110,11 +119,14 @@ class JobPrograms:
         The same server answers a client's reads and checkpoints and a data loader's batch
         requests (each connection says which it is), so a phase with a loader starts them
         even when ``storage.mode`` is off: its only storage traffic is then the batches.
+        It listens on the storage network's address (``storage.network``) alone, so nothing
+        of storage can reach it over the other network.
         """
         procs = []
+        ips = self.storage_ips(pp)
         for srv in pp["storage"]["hosts"]:
             procs.append(self.spawn(srv, [*agents.command("storage"), "serve",
-                                          "--listen", f"{self.ips[srv]}:{planning.STORAGE_PORT}",
+                                          "--listen", f"{ips[srv]}:{planning.STORAGE_PORT}",
                                           "--out", str(work / f"storage-{srv}.json")],
                                     work / f"storage-{srv}.log", f"storage server {srv}"))
         for srv in pp["storage"]["hosts"]:
@@ -136,7 +148,7 @@ class JobPrograms:
             clients.append(self.spawn(client, [
                 *agents.command("storage"), "client",
                 "--server", f"{ckpt.spec.dst_ip}:{planning.STORAGE_PORT}",
-                "--bind", self.ips[client], "--read-sport", str(read.spec.dport),
+                "--bind", ckpt.spec.src_ip, "--read-sport", str(read.spec.dport),
                 "--write-sport", str(ckpt.spec.sport), "--read-bps", str(st["read_mbps"] * 1e6),
                 "--checkpoint-bytes", str(st["checkpoint_bytes"]),
                 "--every-s", str(st["every_s"]), "--first-at-s", str(st["first_at_s"]),

@@ -77,6 +77,7 @@ class JobReadout:
         all_conns = ph.conns + ph.sconns + ph.lconns + ph.econns + ph.oconns
         outputs = self.read_outputs(pp, ph.hosts, ph.conns, work)
         self.attach_results(ph.conns, outputs)
+        self.attach_loader_results(ph.lconns, outputs)
         flows = flow_entries([c.spec for c in all_conns], window.flow_deltas(), self.topo,
                              [c.index for c in all_conns])
         for f, c in zip(flows, all_conns, strict=True):
@@ -163,7 +164,8 @@ class JobReadout:
         """Flows between management addresses crossed the management LAN's one switch:
         their path is that switch and their ``interface`` says so. It is a plain L2 bridge
         that counts ports, not flows, so their switch-counted bytes stay 0; the LAN's ports
-        (in the phase's links) and the senders' own ``sent_bytes`` say what they carried."""
+        (in the phase's links) and the ends' own counts (``sent_bytes`` of a ring hop,
+        ``received_bytes`` of a loader connection) say what they carried."""
         mgmt = self.topo.get("mgmt") or {}
         ips = {h["ip"] for h in mgmt.get("hosts", [])}
         for f in flows:
@@ -208,6 +210,18 @@ class JobReadout:
                              "goodput_bps": got.get("bytes_acked", 0) * 8 / span
                              if span > 0 else 0.0,
                              "error": None}
+
+    @staticmethod
+    def attach_loader_results(lconns: list[Conn], outputs: list[dict[str, Any]]) -> None:
+        """Each loader connection's bytes as its receiving end counted them: the rank's
+        TCP_INFO ``bytes_received`` of each worker's connection, matched by its 5-tuple
+        seen from the rank. On the fabric the switches count the same bytes (with their
+        headers); on the management LAN, whose bridge counts no flow, only the ends do."""
+        got = {(w.get("src"), w.get("sport")): w for o in outputs
+               for w in (o.get("loader") or {}).get("per_worker") or []}
+        for c in lconns:
+            w = got.get((c.spec.dst_ip, c.spec.dport), {})
+            c.spec.result = {"received_bytes": w.get("bytes_received", 0), "error": None}
 
     def phase_metrics(self, pp: dict[str, Any], hosts: list[str],
                       outputs: list[dict[str, Any]], flows: list[dict[str, Any]],

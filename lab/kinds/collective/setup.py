@@ -84,12 +84,21 @@ class JobSetup:
     request: Callable[[dict[str, Any]], dict[str, Any]]  # JobRun's: the controller's answer
 
     # -- planning -----------------------------------------------------------------------------
+    def network_ips(self, network: str) -> dict[str, str]:
+        """{host: its address on ``network``}: the fabric's, or the management LAN's."""
+        if network == "mgmt":
+            return {h["name"]: h["ip"] for h in self.topo["mgmt"]["hosts"]}
+        return self.ips
+
     def job_ips(self, pp: dict[str, Any]) -> dict[str, str]:
         """{host: the address its ranks use}: the fabric's, or with ``job.interface: mgmt``
         the management network's (a collective bound to the wrong NIC)."""
-        if pp["job"]["interface"] == "mgmt":
-            return {h["name"]: h["ip"] for h in self.topo["mgmt"]["hosts"]}
-        return self.ips
+        return self.network_ips(pp["job"]["interface"])
+
+    def storage_ips(self, pp: dict[str, Any]) -> dict[str, str]:
+        """{host: the address its storage traffic uses, at both ends}: the fabric's, or with
+        ``storage.network: mgmt`` the management LAN's, a storage network of its own."""
+        return self.network_ips(pp["storage"]["network"])
 
     def conns_for(self, pp: dict[str, Any], hosts: list[str]) -> list[Conn]:
         job = pp["job"]
@@ -114,6 +123,7 @@ class JobSetup:
         st = pp["storage"]
         if st["mode"] == "off":
             return []
+        ips = self.storage_ips(pp)
         conns = []
         for r, h in enumerate(hosts):
             srv = st["hosts"][r % len(st["hosts"])]
@@ -122,8 +132,8 @@ class JobSetup:
                 sport = self.sports.pop()
                 # A read flows from the server; its 5-tuple is the client's connection seen
                 # from the server's side.
-                spec = FlowSpec(id=f"{what}{r}", src=src, dst=dst, src_ip=self.ips[src],
-                                dst_ip=self.ips[dst], proto="tcp",
+                spec = FlowSpec(id=f"{what}{r}", src=src, dst=dst, src_ip=ips[src],
+                                dst_ip=ips[dst], proto="tcp",
                                 sport=planning.STORAGE_PORT if what == "read" else sport,
                                 dport=sport if what == "read" else planning.STORAGE_PORT,
                                 rate_bps=st["read_mbps"] * 1e6 if what == "read" else 0.0,
@@ -141,16 +151,18 @@ class JobSetup:
         side (as a storage read's is); a rank's connections are in its workers' order.
         Its congestion control is the server's: an accepted socket takes its namespace's
         default, which is not the job's, so the spec names none rather than a wrong one.
+        Both ends' addresses are the storage network's (``storage_ips``).
         """
         ld, st = pp["loader"], pp["storage"]
         if not ld["enabled"]:
             return []
+        ips = self.storage_ips(pp)
         conns = []
         for r, h in enumerate(hosts):
             for i in range(ld["workers"]):
                 srv = st["hosts"][(r + i) % len(st["hosts"])]
-                spec = FlowSpec(id=f"load{r}w{i}", src=srv, dst=h, src_ip=self.ips[srv],
-                                dst_ip=self.ips[h], proto="tcp", sport=planning.STORAGE_PORT,
+                spec = FlowSpec(id=f"load{r}w{i}", src=srv, dst=h, src_ip=ips[srv],
+                                dst_ip=ips[h], proto="tcp", sport=planning.STORAGE_PORT,
                                 dport=self.sports.pop(), rate_bps=0.0, kind="loader")
                 conns.append(Conn(spec, r, 0, self.next_index))
                 self.next_index += 1
