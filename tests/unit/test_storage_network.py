@@ -5,6 +5,7 @@ loaders used from their flows alone."""
 
 from __future__ import annotations
 
+import json
 import random
 from types import SimpleNamespace
 
@@ -125,6 +126,20 @@ def test_a_loader_connection_carries_what_its_rank_received() -> None:
     got = sorted(c.spec.result["received_bytes"] for c in lconns)
     assert got == sorted(1000 * (i + 1) for r in range(4)
                          for i, c in enumerate(lconns) if c.rank == r)
+
+
+def test_a_storage_clients_connections_carry_what_it_counted(tmp_path) -> None:
+    """A storage client's read connection received its ``read_bytes``; its checkpoint
+    connection sent its checkpoints' acknowledged bytes."""
+    _, _, _, sconns, _ = planned("mgmt", mode="shared")
+    for r in range(4):
+        (tmp_path / f"client{r}.json").write_text(json.dumps(
+            {"read_bytes": 1000 + r, "checkpoints": [{"bytes": 200}, {"bytes": 50 * r}]}))
+    JobReadout.attach_client_results(sconns, tmp_path)
+    for c in sconns:
+        key, want = (("received_bytes", 1000 + c.rank) if c.spec.kind == "storage-read"
+                     else ("sent_bytes", 200 + 50 * c.rank))
+        assert c.spec.result[key] == want, (c.spec.id, c.spec.result)
 
 
 def loader_flow(src: str, dst: str, interface: str, nbytes: int, received: int) -> dict:

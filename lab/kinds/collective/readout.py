@@ -78,6 +78,7 @@ class JobReadout:
         outputs = self.read_outputs(pp, ph.hosts, ph.conns, work)
         self.attach_results(ph.conns, outputs)
         self.attach_loader_results(ph.lconns, outputs)
+        self.attach_client_results(ph.sconns, work)
         flows = flow_entries([c.spec for c in all_conns], window.flow_deltas(), self.topo,
                              [c.index for c in all_conns])
         for f, c in zip(flows, all_conns, strict=True):
@@ -222,6 +223,19 @@ class JobReadout:
         for c in lconns:
             w = got.get((c.spec.dst_ip, c.spec.dport), {})
             c.spec.result = {"received_bytes": w.get("bytes_received", 0), "error": None}
+
+    @staticmethod
+    def attach_client_results(sconns: list[Conn], work: Path) -> None:
+        """Each storage client's reads and checkpoints as it counted them (its record: the
+        bytes it received, the checkpoint bytes the server acknowledged) on its two
+        connections' flows: what says they carried anything where no switch counts flows."""
+        for c in sconns:
+            rec = load(work / f"client{c.rank}.json")
+            c.spec.result = ({"received_bytes": rec.get("read_bytes") or 0, "error": None}
+                             if c.spec.kind == "storage-read" else
+                             {"sent_bytes": sum(k.get("bytes", 0)
+                                                for k in rec.get("checkpoints") or []),
+                              "error": None})
 
     def phase_metrics(self, pp: dict[str, Any], hosts: list[str],
                       outputs: list[dict[str, Any]], flows: list[dict[str, Any]],
