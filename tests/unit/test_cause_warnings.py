@@ -71,6 +71,10 @@ def test_the_bound_is_the_demand_the_storage_link_can_be_asked() -> None:
     demand = causes.storage_demand_mbps(phase_params(pp)["data"])
     want = 4 * 0.5 * 16384 * 8 * causes.WIRE_PER_PAYLOAD / 0.1 / 1e6
     assert demand == {"h11": pytest.approx(want), "h12": pytest.approx(want)}
+    # one worker a rank: rank r reads from host r mod 2, so each host still serves two ranks
+    one = phase_params({**pp, "loader": {**pp["loader"], "workers": 1}})["data"]
+    assert causes.storage_demand_mbps(one) == {"h11": pytest.approx(want),
+                                               "h12": pytest.approx(want)}
     # just below the demand: the link is the bottleneck, no warning; at it: a warning
     below, at = f"{want * 0.99:.4f}", f"{want * 1.0001:.4f}"
     assert warned(f"phases.data.storage.link_mbps={below}") == []

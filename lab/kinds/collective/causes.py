@@ -45,17 +45,20 @@ def storage_demand_mbps(pp: dict[str, Any]) -> dict[str, float]:
     """{storage host: the most the phase's loaders can ask of its link, Mbit/s on the wire}.
 
     A rank takes one batch a step, and a step is at least its compute and at least a batch's
-    preprocessing spread over the loader's workers. Worker j reads from storage host j mod S,
-    and batch i comes from worker i mod N, so each host serves its workers' share of the
-    batches. With no compute and no preprocessing the demand has no bound (infinite)."""
+    preprocessing spread over the loader's workers. Batch i comes from worker i mod N, and
+    rank r's worker i reads from storage host (r + i) mod S (``JobSetup.loader_conns``), so
+    each host serves its workers' share of every rank's batches. With no compute and no
+    preprocessing the demand has no bound (infinite)."""
     ld, hosts = pp["loader"], pp["storage"]["hosts"]
-    per_step = max(pp["job"]["compute_s"], ld["cpu_ms"] / 1000 / ld["workers"])
-    out = {}
-    for s, host in enumerate(hosts):
-        share = sum(1 for j in range(ld["workers"]) if j % len(hosts) == s) / ld["workers"]
-        bits = pp["job"]["workers"] * share * ld["batch_bytes"] * 8 * WIRE_PER_PAYLOAD
-        out[host] = bits / per_step / 1e6 if per_step > 0 else float("inf")
-    return out
+    n = ld["workers"]
+    per_step = max(pp["job"]["compute_s"], ld["cpu_ms"] / 1000 / n)
+    batches = dict.fromkeys(hosts, 0.0)
+    for r in range(pp["job"]["workers"]):
+        for i in range(n):
+            batches[hosts[(r + i) % len(hosts)]] += 1 / n
+    bits = ld["batch_bytes"] * 8 * WIRE_PER_PAYLOAD
+    return {h: (b * bits / per_step / 1e6 if per_step > 0 else float("inf"))
+            for h, b in batches.items()}
 
 
 def _data(pp: dict[str, Any]) -> list[tuple[str, str]]:
