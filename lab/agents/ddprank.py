@@ -31,6 +31,16 @@ the buckets' communication, their union, that fell inside backward's compute),
 ``exposed_comm_s`` (from backward's compute end until backward returned: the GPU waiting
 for the network), ``opt_s`` (optimizer step) and ``idle_s`` = step_s - (fwd + bwd + opt).
 
+With ``--storage`` the rank has the synthetic ring's input pipeline
+(:class:`lab.agents.loader.Loader`) and a step first waits for its batch: the step is then
+``data_wait_s`` (from the step's start to the batch in hand), ``compute_s`` (forward,
+backward's compute and the optimizer step), ``exposed_comm_s`` and ``barrier_s`` (0: DDP
+has no barrier; a slower rank shows as the others' exposed communication, the all-reduce
+waiting for its buckets), the ring's parts (:data:`lab.agents.loader.STEP_PARTS`) under
+the ring's keys, adding up to ``step_s``. The loader's workers are forked before torch is
+imported (torch starts threads; a fork must not copy their locks) and ask for no batch
+before the lab's go, so the switches count every batch from its first byte.
+
 Everything else (rendezvous on rank 0's fabric address, gloo's connections reported before
 the lab's go, epochs as process groups, bounded threads, the JSON) is the gloo rank's.
 
@@ -46,6 +56,7 @@ from typing import Any
 from lab.agents import golatch
 from lab.agents.common import write_json
 from lab.agents.gloorank import ELEMENT_BYTES, GlooRank
+from lab.agents.loader import Loader, wait_for_batch
 from lab.agents.workerbase import CollectiveError, now, stamp
 
 #: The model's shape: BLOCKS blocks of WIDTH -> m -> WIDTH (two weight matrices each).
@@ -95,6 +106,9 @@ class DDPRank(GlooRank):
         self.buckets: list[dict[str, Any]] = []     # the current step's, from the hook
         self.bucket_bytes: list[int] = []            # the last measured step's
         self.params = 0
+        self.loader: Loader | None = None
+        if args.storage:   # its connections from this rank's fabric address by default
+            self.loader = Loader.from_args(args, args.peers[args.rank], args.steps)
 
     # -- the model -----------------------------------------------------------------------------
 
@@ -157,7 +171,8 @@ class DDPRank(GlooRank):
         opt.zero_grad(set_to_none=False)      # before the step: not part of its time
         self._set_gpu_time(model, self._compute_time())
         self.buckets = []
-        t_start = now()
+        got = wait_for_batch(self.loader, a.io_timeout_s)
+        t_start, t_batch = got.t_start, got.t_batch
         loss = ((model(self.x) - self.y) ** 2).mean()
         t_fwd = now()
         loss.backward()
@@ -169,7 +184,7 @@ class DDPRank(GlooRank):
         spans = [(b["t_start"], b["t_end"]) for b in self.buckets]
         t_ready = max(s for s, _ in spans)      # the last bucket ready: backward computed
         t_c0, t_c1 = min(s for s, _ in spans), max(e for _, e in spans)
-        fwd_s, bwd_s, opt_s = t_fwd - t_start, t_ready - t_fwd, t_end - t_bwd_ret
+        fwd_s, bwd_s, opt_s = t_fwd - t_batch, t_ready - t_fwd, t_end - t_bwd_ret
         compute_s = fwd_s + bwd_s + opt_s
         step_s = t_end - t_start
         self.bucket_bytes = [b["bytes"] for b in self.buckets]
@@ -185,12 +200,14 @@ class DDPRank(GlooRank):
             "overlap": round(overlap_share(spans, t_fwd, t_ready), 4),
             "buckets": len(spans), "barrier_s": 0.0, "step_s": stamp(step_s),
             "idle_s": stamp(step_s - compute_s), "retrans": 0,
-        }
+        } | got.parts(t_bwd_ret - t_ready)
 
     def run(self) -> None:
         """Rendezvous, DDP models built, gloo's connections reported, the go, every step."""
         a = self.args
         golatch.hold()
+        if self.loader is not None:   # forked before torch's threads exist
+            self.loader.start(now() + a.connect_timeout_s)
         torch = self._import_torch()
         groups = self._rendezvous()
         # DDP's constructor broadcasts rank 0's parameters: set-up, before the window.
@@ -199,6 +216,8 @@ class DDPRank(GlooRank):
         # Counters from the go (GlooRank.wait_for_go): DDP's parameter broadcast and each
         # model's first iteration are set-up, not the measured job.
         self.wait_for_go()
+        if self.loader is not None:           # the batches inside the lab's window
+            self.loader.prime()
         self.dist.barrier(group=groups[0])     # every rank starts step 0 together
         self.t_ready = now()
         epoch = 0
@@ -212,12 +231,21 @@ class DDPRank(GlooRank):
             rec = self._ddp_step(step, e)
             rec["retrans"] = self._retrans(e) - retrans0
             self.steps.append(rec)
+        if self.loader is not None:
+            self.loader.finish()
+
+    def close(self) -> None:
+        """The loader's workers stopped and reaped (every way out), then gloo's close."""
+        if self.loader is not None:
+            self.loader.stop()
+        super().close()
 
     def summary(self, error: str | None) -> dict[str, Any]:
         out = super().summary(error)
         a = self.args
         out["library"] = "gloo"
         out["program"] = "ddp"
+        out["loader"] = None if self.loader is None else self.loader.summary()
         out["ddp"] = {"bucket_cap_mb": a.bucket_cap_mb, "first_bucket_mb": a.first_bucket_mb,
                       "grad_bytes": self.params * ELEMENT_BYTES,
                       "params": self.params, "blocks": BLOCKS, "width": WIDTH,

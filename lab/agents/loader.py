@@ -35,6 +35,8 @@ import socket
 import struct
 import termios
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from lab.agents.common import STOP_SIGNALS, pdeathsig_setter
@@ -49,6 +51,12 @@ from lab.agents.workerbase import (
     stamp,
 )
 
+#: A training step's parts with an input pipeline, in the order a step lives them: the wait
+#: for its batch, the compute, the all-reduce beyond the compute (its exposed part) and the
+#: wait for the slowest rank. Every rank that has a loader (the synthetic ring's, DDP's)
+#: stamps them on one clock and writes them under these keys, so they add up to its
+#: ``step_s``; the lab reads them by these names.
+STEP_PARTS = ("data_wait_s", "compute_s", "exposed_comm_s", "barrier_s")
 #: Rank → worker: the index of a batch to make.
 REQUEST = struct.Struct("=q")
 #: Worker → rank: index, bytes, request taken, bytes in, preprocessed (monotonic), CPU burnt.
@@ -179,11 +187,21 @@ class Loader:
         self.queue_empty_steps = 0
         self.data_wait_s = 0.0
 
+    @classmethod
+    def from_args(cls, args: Any, bind: str, total: int) -> Loader:
+        """The loader a rank's command line asks for (``--storage`` and the options beside
+        it, :mod:`lab.agents.worker`), its connections from ``bind``, ``total`` batches."""
+        return cls(args.storage, args.loader_bind or bind, args.loader_sports, args.prefetch,
+                   args.batch_bytes, args.cpu_ms, total)
+
     def start(self, deadline: float) -> None:
-        """Connect every worker's storage connection, fork the workers, request first batches.
+        """Connect every worker's storage connection and fork the workers; no batch is
+        asked for until :meth:`prime`.
 
         Call it before the rank starts any thread: forking a process with threads copies
-        locks another thread may hold.
+        locks another thread may hold. Asking is separate because a rank that must fork
+        early (before torch starts its threads) may have to wait for the lab's go before
+        any batch crosses the fabric, so that the switches count every batch it takes.
         """
         for i, sport in enumerate(self.sports):
             dst = self.storage[i % len(self.storage)]
@@ -192,6 +210,9 @@ class Loader:
             self.workers.append(_Worker(i, sock, dst, t_open))
         for w in self.workers:
             self._fork(w)
+
+    def prime(self) -> None:
+        """Ask for the first batches: ``prefetch`` per worker (fewer if the job is shorter)."""
         while self.requested < min(self.total, len(self.workers) * self.prefetch):
             self._request()
 
@@ -339,3 +360,36 @@ class Loader:
                 "queue_empty_steps": self.queue_empty_steps,
                 "data_wait_s": stamp(self.data_wait_s),
                 "per_worker": [w.summary() for w in self.workers]}
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """A step's start and its batch, on the rank's clock: when the step began, when its
+    batch was in hand (the same instant without a loader) and the batch's entry."""
+
+    t_start: float
+    t_batch: float
+    batch: dict[str, Any] | None
+
+    def parts(self, exposed_comm_s: float) -> dict[str, Any]:
+        """What a step with a batch adds to its JSON entry, beside the ``compute_s`` (from
+        ``t_batch`` on) and ``barrier_s`` every step has: its data wait, the all-reduce's
+        exposed part, the batch. Nothing without a loader."""
+        if self.batch is None:
+            return {}
+        return {"t_batch": stamp(self.t_batch),
+                "data_wait_s": stamp(self.t_batch - self.t_start),
+                "exposed_comm_s": stamp(exposed_comm_s), "batch": self.batch}
+
+
+def wait_for_batch(loader: Loader | None, timeout_s: float,
+                   waiting: Callable[[float], None] | None = None) -> StepInput:
+    """Begin a step as a real one begins: with the wait for its input batch (none without a
+    loader). ``waiting`` hears when a wait starts (a live view opens its span then)."""
+    t_start = now()
+    if loader is None:
+        return StepInput(t_start, t_start, None)
+    if waiting is not None:
+        waiting(t_start)
+    batch = loader.next_batch(timeout_s)
+    return StepInput(t_start, now(), batch)

@@ -29,7 +29,7 @@ from collections import deque
 from typing import Any
 
 from lab.agents.common import TOTAL_RETRANS_OFFSET, LiveFile, congestion_control, tcp_u32
-from lab.agents.loader import Loader
+from lab.agents.loader import Loader, wait_for_batch
 from lab.agents.workerbase import (
     LOWAT_BYTES,
     CollectiveError,
@@ -303,10 +303,8 @@ class RingRank:
         self.loader: Loader | None = None
         self.live = LiveParts(args.live_file, args.rank)
         if args.storage:
-            self.loader = Loader(args.storage, args.loader_bind or args.bind,
-                                 args.loader_sports, args.prefetch,
-                                 args.batch_bytes, args.cpu_ms,
-                                 args.steps * max(1, len(self.sweep)))
+            self.loader = Loader.from_args(args, args.bind,
+                                           args.steps * max(1, len(self.sweep)))
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -372,12 +370,9 @@ class RingRank:
             self.buckets = [self.sweep[step // per]]
             warmup = step % per < self.args.warmup
         retrans0 = tcp_u32(self.link.out, TOTAL_RETRANS_OFFSET)
-        t_start = t_batch = now()
-        batch = None
-        if self.loader is not None:
-            self.live.enter("data_wait", t_start)
-            batch = self.loader.next_batch(self.args.io_timeout_s)
-            t_batch = now()
+        got = wait_for_batch(self.loader, self.args.io_timeout_s,
+                             lambda t: self.live.enter("data_wait", t))
+        t_start, t_batch = got.t_start, got.t_batch
         self.live.enter("compute", t_batch)
         t_compute_end, t_comm_start, t_comm_end = self._communicate(t_batch, self._compute_time())
         self.live.enter("exposed_comm", t_compute_end)
@@ -397,16 +392,15 @@ class RingRank:
             "idle_s": stamp(step_s - compute_s),
             "retrans": tcp_u32(self.link.out, TOTAL_RETRANS_OFFSET) - retrans0,
         }
-        if batch is not None:  # the decomposition: the four parts add up to step_s
-            entry |= {"t_batch": stamp(t_batch), "data_wait_s": stamp(t_batch - t_start),
-                      "exposed_comm_s": stamp(t_comm_end - t_compute_end), "batch": batch}
-        return entry
+        # with a batch, the decomposition: the four parts (STEP_PARTS) add up to step_s
+        return entry | got.parts(t_comm_end - t_compute_end)
 
     def run(self) -> None:
         """Listen, connect, line up with the other ranks, then run every step."""
         a = self.args
         if self.loader is not None:  # first: its workers are forked, and no thread runs yet
             self.loader.start(now() + a.connect_timeout_s)
+            self.loader.prime()
         self.listener = listen(a.listen, backlog=16)
         if a.buckets > 1:
             self.worker = CommWorker(self.link, self.buckets)

@@ -34,7 +34,9 @@ Command lines::
 library, not the lab, opens and numbers its connections, and the rank reports them.
 ``ddp`` takes gloo's arguments (no ``--sizes``) plus ``--bucket-cap-mb MB`` and
 ``--first-bucket-mb MB``: a real ``DistributedDataParallel`` training rank on gloo
-(:mod:`lab.agents.ddprank`) whose model's gradients total ``--size`` bytes.
+(:mod:`lab.agents.ddprank`) whose model's gradients total ``--size`` bytes. It takes the
+ring's input pipeline flags too (``--storage`` ... ``--loader-bind``, default: its own
+``--peers`` address), and a step with a batch has the ring's four parts.
 
 Each writes one JSON document to ``--out`` (default stdout) when it ends - also when stopped by
 SIGTERM/SIGINT or failing, with ``error`` saying why. Exit status: 0 done; 1 the run broke (a
@@ -266,7 +268,7 @@ def _check_loader(a: argparse.Namespace) -> None:
                          f"{a.loader_workers} loader worker(s): one each")
     if len(set(sports)) != len(sports) or not all(0 < p < 65536 for p in sports):
         raise UsageError("loader_sports", f"must be distinct ports 1..65535, got {sports}")
-    if shared := set(sports) & set(a.sports):
+    if shared := set(sports) & set(getattr(a, "sports", None) or []):
         raise UsageError("loader_sports", f"{sorted(shared)} also in --sports (one 5-tuple, "
                          "one connection)")
 
@@ -315,6 +317,7 @@ def validate_ddp(a: argparse.Namespace) -> None:
     for name in ("bucket_cap_mb", "first_bucket_mb"):
         if not getattr(a, name) > 0:
             raise UsageError(name, f"must be > 0, got {getattr(a, name)}")
+    _check_loader(a)
 
 
 def validate_incast(a: argparse.Namespace) -> None:
@@ -388,23 +391,27 @@ def _sweep_flag() -> argparse.ArgumentParser:
     return p
 
 
-def _loader_flags(ring: argparse.ArgumentParser) -> None:
-    """The ring's input pipeline (:mod:`lab.agents.loader`), modelled on PyTorch's DataLoader."""
-    ring.add_argument("--storage", type=_addrs, help="storage hosts IP:PORT,... serving batches "
-                      "(storage serve): gives the rank a data loader")
-    ring.add_argument("--loader-workers", type=int, default=1,
-                      help="loader worker processes (num_workers)")
-    ring.add_argument("--prefetch", type=int, default=2,
-                      help="batches requested ahead per worker (prefetch_factor)")
-    ring.add_argument("--batch-bytes", type=int, default=256 * 1024,
-                      help="bytes a worker fetches per batch")
-    ring.add_argument("--cpu-ms", type=float, default=0.0,
-                      help="CPU milliseconds a worker burns preprocessing a batch")
-    ring.add_argument("--loader-sports", type=_ports,
-                      help="source ports of the workers' storage connections, one per worker")
-    ring.add_argument("--loader-bind",
-                      help="source IP of the storage connections (default: --bind); the "
-                      "job's own connections may use another interface than its input's")
+def _loader_flags() -> argparse.ArgumentParser:
+    """A training rank's input pipeline (:mod:`lab.agents.loader`), modelled on PyTorch's
+    DataLoader: the synthetic ring's and DDP's ranks take the same flags."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--storage", type=_addrs, help="storage hosts IP:PORT,... serving batches "
+                   "(storage serve): gives the rank a data loader")
+    p.add_argument("--loader-workers", type=int, default=1,
+                   help="loader worker processes (num_workers)")
+    p.add_argument("--prefetch", type=int, default=2,
+                   help="batches requested ahead per worker (prefetch_factor)")
+    p.add_argument("--batch-bytes", type=int, default=256 * 1024,
+                   help="bytes a worker fetches per batch")
+    p.add_argument("--cpu-ms", type=float, default=0.0,
+                   help="CPU milliseconds a worker burns preprocessing a batch")
+    p.add_argument("--loader-sports", type=_ports,
+                   help="source ports of the workers' storage connections, one per worker")
+    p.add_argument("--loader-bind",
+                   help="source IP of the storage connections (default: the ring's --bind, "
+                   "DDP's own --peers address); the job's own connections may use another "
+                   "interface than its input's")
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -413,9 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="collective", description=__doc__.split("\n\n", 1)[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     common, rank, gloo, sweep = _common_flags(), _rank_flags(), _gloo_flags(), _sweep_flag()
+    loader = _loader_flags()
 
     ring = sub.add_parser("ring", help="one rank of a ring All-Reduce training job",
-                          parents=[rank, sweep, common])
+                          parents=[rank, sweep, loader, common])
     ring.add_argument("--listen", type=_addr, required=True, help="IP:PORT for the previous rank")
     ring.add_argument("--next", type=_addr, required=True, help="the next rank's IP:PORT")
     ring.add_argument("--bind", required=True, help="source IP of the connection to next")
@@ -426,13 +434,12 @@ def build_parser() -> argparse.ArgumentParser:
     ring.add_argument("--cc", help="TCP congestion control (default: the system's)")
     ring.add_argument("--live-file", help="rewrite this JSON file with the rank's recent step "
                       "parts as spans, at most every 0.5 s (for a live view)")
-    _loader_flags(ring)
 
     sub.add_parser("gloo", help="one rank of the same job on PyTorch's gloo",
                    parents=[rank, gloo, sweep, common])
 
     ddp = sub.add_parser("ddp", help="one rank of a DistributedDataParallel job on gloo",
-                         parents=[rank, gloo, common])
+                         parents=[rank, gloo, loader, common])
     ddp.add_argument("--bucket-cap-mb", type=float, default=25.0,
                      help="DDP's bucket size (its default: 25 MB)")
     ddp.add_argument("--first-bucket-mb", type=float, default=1.0,

@@ -1,12 +1,14 @@
-"""Who made the GPUs wait: a ring step split into its parts, from the ranks' own records.
+"""Who made the GPUs wait: a training step split into its parts, from the ranks' own records.
 
 With a data loader (``loader.enabled``), every rank's step is the wait for its input batch,
 the compute, the all-reduce's exposed part and the wait for the slowest rank, stamped on
-one monotonic clock by the rank itself (``lab.agents.ring``), so the four add up to the
-step. Per phase this keeps every rank's parts per step (``phase_details.<phase>.gpu_wait``)
-and sums them into shares of step time (``metrics.phases.<phase>.gpu_wait``): the share a
-diagnosis reads to say which part grew, and the loader's queue-empty steps that say the
-input pipeline, not the storage link, could not keep up.
+one monotonic clock by the rank itself (``lab.agents.ring``, or ``lab.agents.ddprank``
+whose compute is forward, backward and the optimizer step and whose barrier is 0), so the
+four add up to the step. Per phase this keeps every rank's parts per step
+(``phase_details.<phase>.gpu_wait``) and sums them into shares of step time
+(``metrics.phases.<phase>.gpu_wait``): the share a diagnosis reads to say which part
+grew, and the loader's queue-empty steps that say the input pipeline, not the storage link,
+could not keep up.
 
 Pure functions over the ranks' JSON, so the tests can check them without a network.
 """
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from lab.agents.loader import STEP_PARTS
 from lab.measure.telemetry import SpareWork
 
-#: A step's parts, in the order a step lives them.
-PARTS = ("data_wait_s", "compute_s", "exposed_comm_s", "barrier_s")
+#: A step's parts, in the order a step lives them: the keys every rank with a loader (the
+#: synthetic ring's, DDP's) writes them under.
+PARTS = STEP_PARTS
 #: How far the parts' sum may be from the step's time, relative: the rank stamps each
 #: boundary once (rounded to the microsecond), so anything beyond rounding is a bug.
 ADD_UP_REL_TOL = 0.02

@@ -284,16 +284,24 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
         raise ScenarioError(f("microburst.senders"), f"at most {n - 1} (the job's senders)")
 
 
+#: The (library, program) of ring jobs whose ranks wait for a data loader's batches: the
+#: lab's own ring (``lab.agents.ring``) and DDP's training step (``lab.agents.ddprank``).
+#: gloo's bare all-reduce has no training step to feed, the incast no rank at all.
+LOADER_JOBS = (("synthetic", "allreduce"), ("gloo", "ddp"))
+
+
 def check_loader(pp: dict[str, Any], f: Any) -> None:
-    """A data loader reads from the storage hosts, into the lab's own ring's ranks: the
-    agent that waits for its batches is ``lab.agents.ring``, not gloo's or the incast's."""
+    """A data loader reads from the storage hosts, into a training rank that waits for its
+    batches: the synthetic ring's or DDP's (``LOADER_JOBS``)."""
     if not pp["loader"]["enabled"]:
         return
     job = pp["job"]
-    if job["library"] != "synthetic" or job["pattern"] != "ring":
-        raise ScenarioError(f("loader.enabled"), "the data loader feeds the synthetic ring's "
-                            "ranks (job.library: synthetic, job.pattern: ring), not "
-                            f"{job['library']} {job['pattern']}")
+    if job["pattern"] != "ring" or (job["library"], job["program"]) not in LOADER_JOBS:
+        what = ("the incast" if job["pattern"] != "ring"
+                else f"job.library {job['library']} with job.program {job['program']}")
+        raise ScenarioError(f("loader.enabled"), "the data loader feeds the synthetic "
+                            "ring's ranks (job.library: synthetic) or DDP's (job.library: "
+                            f"gloo, job.program: ddp), not {what}")
     if not pp["storage"]["hosts"]:
         raise ScenarioError(f("storage.hosts"), "the data loader reads its batches from "
                             "storage hosts; name at least one")

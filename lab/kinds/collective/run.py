@@ -159,13 +159,20 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
         procs: list[subprocess.Popen] = []
         gloo_ready: list[Path] = []
         gloo_ranks: list[subprocess.Popen] = []
+        servers: list[subprocess.Popen] = []
         try:
             sampler.start()
             if job["library"] == "gloo":
                 # Before the window: torch's import and the rendezvous are set-up. Their
                 # connections are watched before it opens, so the switches count the job
                 # from its first byte; the ranks' own counters start at the go, after it.
-                gloo_ranks, gloo_ready, reports = self.start_gloo(pp, ph.hosts, work)
+                # A DDP rank's loader connects to storage before torch is imported (and asks
+                # for no batch before the go): its servers listen first.
+                if ph.lconns:
+                    servers = self.start_storage_servers(pp, work)
+                    procs += servers
+                gloo_ranks, gloo_ready, reports = self.start_gloo(pp, ph.hosts, work,
+                                                                  ph.lconns)
                 procs += gloo_ranks
                 self.gloo_connections(ph, gloo_ready, gloo_ranks, reports)
             time.sleep(0.05)
@@ -174,7 +181,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             d.tcp0 = {h: tcp_counters(self.host(h)) for h in watched_hosts}
             clients: list[subprocess.Popen] = []
             storage_ready: list[Path] = []
-            if ph.sconns or ph.lconns:
+            if (ph.sconns or ph.lconns) and not servers:
                 procs += self.start_storage_servers(pp, work)
             if ph.sconns:
                 clients, storage_ready = self.start_storage(pp, ph.sconns, work, estimate)
