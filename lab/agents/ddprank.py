@@ -9,8 +9,11 @@ last layers' gradients, the first backward produces) of at most ``--first-bucket
 produces them, and all-reduces each bucket as soon as its gradients are ready, while
 backward goes on computing the earlier layers. How much of the communication hides behind
 backward is what bucketing buys. DDP's first iteration runs in one bucket, then DDP rebuilds
-its buckets in the order it saw the gradients: each epoch's model runs that iteration before
-the lab's go, as set-up, so every measured step is bucketed as training goes on.
+its buckets in the order it saw the gradients, at the start of the second iteration's
+forward, where rank 0 broadcasts that order to every rank: each epoch's model runs both
+iterations before the lab's go, as set-up, so every measured step is bucketed as training
+goes on and no measured forward holds a collective (it would wait there for the slowest
+rank, a wait counted as compute).
 
 The model: ``BLOCKS`` blocks of ``Linear(WIDTH, m) -> ReLU -> Linear(m, WIDTH)`` (no
 biases), m chosen so that the parameters are exactly S / 4 float32s; synthetic data, one
@@ -138,8 +141,9 @@ class DDPRank(GlooRank):
         gen = torch.Generator().manual_seed(a.seed * 1000 + a.rank)
         self.x = torch.randn(BATCH, WIDTH, generator=gen)
         self.y = torch.randn(BATCH, WIDTH, generator=gen)
-        for model in self.models:              # DDP's one-bucket first iteration
-            ((model(self.x) - self.y) ** 2).mean().backward()
+        for model in self.models:   # DDP's one-bucket first iteration, then its rebuild
+            for _ in range(2):
+                ((model(self.x) - self.y) ** 2).mean().backward()
 
     @staticmethod
     def _set_gpu_time(model: Any, compute_s: float) -> None:
@@ -214,7 +218,7 @@ class DDPRank(GlooRank):
         self._build(torch, groups)
         write_json({"rank": a.rank, "groups": self.groups}, a.conns_out)
         # Counters from the go (GlooRank.wait_for_go): DDP's parameter broadcast and each
-        # model's first iteration are set-up, not the measured job.
+        # model's first two iterations are set-up, not the measured job.
         self.wait_for_go()
         if self.loader is not None:           # the batches inside the lab's window
             self.loader.prime()

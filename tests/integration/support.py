@@ -162,6 +162,47 @@ def check_links_agree_with_flows(r: dict) -> list[str]:
     return problems
 
 
+#: A batch on the wire: its payload plus TCP/IP headers and the request's ACKs' share, and
+#: on the slowest storage link (0.25 Mbit/s, whose 150 KB queue holds 4.8 s) the segments
+#: TCP's timer sent again while the first copies still queued: both arrive. 1.07 measured
+#: at most elsewhere, 1.10 there.
+WIRE_OVERHEAD_MAX = 1.15
+
+
+def loader_bytes_problems(details: dict) -> list[str]:
+    """A phase with data loaders (its ``phase_details``): what disagrees between the batches
+    the ranks took and what crossed the fabric, as text (empty: all agree).
+
+    Each loader connection is a flow with a path whose last switch delivered its worker's
+    batches, 1 to ``WIRE_OVERHEAD_MAX`` times their bytes (a segment dropped on the way and
+    sent again was counted twice before the drop, once there), and the storage hosts served
+    exactly the bytes the ranks took."""
+    problems = []
+    flows = {(f["dst_ip"], f["dport"]): f for f in details["flows"] if f["kind"] == "loader"}
+    ranks = details["gpu_wait"]["ranks"]
+    if len(flows) != sum(rank["loader"]["workers"] for rank in ranks):
+        problems.append(f"{len(flows)} loader flows for the ranks' workers")
+    taken = 0
+    for rank in ranks:
+        if len(rank["loader"]["per_worker"]) != rank["loader"]["workers"]:
+            problems.append(f"rank {rank['rank']}: {rank['loader']['per_worker']}")
+        for w in rank["loader"]["per_worker"]:
+            f = flows.get((w["src"], w["sport"]))
+            if f is None or not w["bytes"] or not f["path"]:
+                problems.append(f"rank {rank['rank']} worker {w['worker']}: no batch or "
+                                f"no counted path ({f and f['path']})")
+                continue
+            delivered = f["hop_bytes"][f["path"][-1]]
+            if not w["bytes"] <= delivered <= w["bytes"] * WIRE_OVERHEAD_MAX:
+                problems.append(f"{f['id']}: {delivered} B delivered for {w['bytes']} B "
+                                f"of batches ({f['hop_bytes']})")
+            taken += w["bytes"]
+    served = sum(s["batch_bytes"] for s in details["gpu_wait"]["storage"].values())
+    if served != taken:
+        problems.append(f"the storage hosts served {served} B, the ranks took {taken} B")
+    return problems
+
+
 def spine_bytes_on_one_pair(policy: str, flows: list[tuple[int, int, int]],
                             sender_code: str, timeout: float) -> tuple[dict[int, dict], int]:
     """Run ``sender_code`` in h1 of ecmp-one-pair under ``policy``; read the spines' counters.

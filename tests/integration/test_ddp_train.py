@@ -1,5 +1,5 @@
 """A real DistributedDataParallel job on the fabric (scenario ddp-train, shortened to two
-epochs): one run, four phases, every assertion on it.
+epochs): one run, six phases, every assertion on it.
 
 What is checked: gloo's own connections, found after rendezvous, are flows whose counted
 paths agree with the links' counters, and they carry a ring's bytes for S bytes of
@@ -8,7 +8,9 @@ hook gives every measured step a forward, a backward and an all-reduce time, and
 overlap in [0, 1]; in buckets a share of the all-reduce hides behind backward and the
 steps are shorter than in one bucket, where none does; placed, no two ring hops share a
 link, and hashed steps whose hops collided take longer; steps that meet a checkpoint take
-longer than those that do not.
+longer than those that do not. With a data loader (the loader phases) every DDP step's
+four parts add up to it, the loaders' flows carried the batches the ranks took, and the
+diagnosis names the storage rack's slow links and nothing when the storage keeps up.
 """
 
 from __future__ import annotations
@@ -18,10 +20,30 @@ from pathlib import Path
 
 import pytest
 
+from lab.analysis import gpuwait as diagnosis
+from lab.kinds.collective import gpuwait
 from lab.model.result import validate
-from tests.integration.support import check_links_agree_with_flows, phase, result_of, run_to
+from tests.integration.support import (
+    check_links_agree_with_flows,
+    loader_bytes_problems,
+    phase,
+    result_of,
+    run_to,
+)
 
 STEPS = 8           # two epochs of four: two hash rolls in the hashed phase
+#: The phases whose GPUs have a data loader: fed in time, and behind slow storage links.
+LOADER_PHASES = ("loader", "slow-storage")
+#: Fed in time, a DDP step waited for its batch 0.07 % of the time (one run); a loader
+#: falling behind is well above this.
+FED_DATA_WAIT_MAX = 0.02
+#: Behind 0.3 Mbit/s storage links (each carries two GPUs' 16 KiB a step, 0.93 Mbit/s at
+#: one step per 0.3 s of compute), the step's last rank to compute waited for data 50 % of
+#: its step (one run); over all ranks 13 %: the early ranks' all-reduce waits for the late
+#: rank's batch and counts as their exposed communication.
+SLOW_CRITICAL_DATA_WAIT_MIN = 0.3
+#: The slow storage links' utilisation by the loader flows over the phase: 84-86 % (one run).
+SLOW_LINK_UTIL_MIN = 0.6
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +147,57 @@ def test_a_checkpoint_on_the_nics_slows_the_steps_it_meets(ddp):
 
 def test_the_report_draws_each_phase_step_part_by_part(run_dir):
     assert (run_dir / "plots" / "ddp-steps.png").stat().st_size > 10_000
+
+
+def test_a_ddp_step_waits_for_its_batch_and_its_parts_add_up(ddp, run_dir):
+    """Every rank's every step: data wait, compute (forward + backward + optimizer step),
+    exposed all-reduce and barrier (none in DDP) add up to the step within 2 %; the
+    phases without a loader keep their steps as they were (no parts, no diagnosis)."""
+    for name in ddp["phase_details"]:
+        assert ("gpu_wait" in phase(ddp, name)) == (name in LOADER_PHASES), name
+    for name in LOADER_PHASES:
+        ranks = ddp["phase_details"][name]["gpu_wait"]["ranks"]
+        assert len(ranks) == phase(ddp, name)["workers"]
+        for rank in ranks:
+            assert len(rank["steps"]) == STEPS, (name, rank["rank"])
+            for st in rank["steps"]:
+                total = sum(st[p] for p in gpuwait.PARTS)
+                assert total == pytest.approx(st["step_s"], rel=gpuwait.ADD_UP_REL_TOL), \
+                    (name, rank["rank"], st)
+                assert st["barrier_s"] == 0.0
+        gw = phase(ddp, name)["gpu_wait"]
+        assert gw["parts_add_up"] and gw["rank_steps"] == len(ranks) * (STEPS - 1), gw
+        for r in range(len(ranks)):     # the rank's own record: DDP's keys beside the parts
+            rec = json.loads((run_dir / "job" / name / f"rank{r}.json").read_text())
+            assert rec["loader"]["steps"] == STEPS, rec["loader"]
+            for st in rec["steps"]:
+                assert st["compute_s"] == pytest.approx(st["fwd_s"] + st["bwd_s"]
+                                                        + st["opt_s"], abs=3e-6), st
+                assert st["data_wait_s"] == pytest.approx(st["t_batch"] - st["t_start"],
+                                                          abs=2e-6), st
+
+
+def test_the_loaders_bytes_are_the_batches_the_ranks_took(ddp):
+    for name in LOADER_PHASES:
+        problems = loader_bytes_problems(ddp["phase_details"][name])
+        assert problems == [], (name, problems)
+
+
+def test_the_diagnosis_names_slow_storage_and_nothing_when_fed(ddp):
+    """From the phase's measurements alone (renamed, settings removed): the storage rack's
+    slow links are the data cause, named first; fed in time, nothing is named."""
+    fed, slow = phase(ddp, "loader")["gpu_wait"], phase(ddp, "slow-storage")["gpu_wait"]
+    assert fed["share"]["data_wait"] < FED_DATA_WAIT_MAX, fed["share"]
+    assert slow["critical_share"]["data_wait"] > SLOW_CRITICAL_DATA_WAIT_MIN, slow
+    links = diagnosis.storage_links(ddp["phase_details"]["slow-storage"])
+    assert {s["host"] for s in links} == set(ddp["params"]["storage"]["hosts"])
+    assert all(s["bw_mbps"] == 0.3 and s["util"] > SLOW_LINK_UTIL_MIN for s in links), links
+    s = diagnosis.stripped(ddp)
+    got = diagnosis.diagnose(s["result"])
+    assert got[s["alias"]["slow-storage"]]["named"] == ["data"], got[s["alias"]["slow-storage"]]
+    assert got[s["alias"]["loader"]]["named"] == [], got[s["alias"]["loader"]]
+    for name in LOADER_PHASES:
+        assert ddp["diagnosis"]["gpu_wait"][name]["named"] == got[s["alias"][name]]["named"]
+        print(name, "share", phase(ddp, name)["gpu_wait"]["share"], "critical",
+              phase(ddp, name)["gpu_wait"]["critical_share"], "named",
+              ddp["diagnosis"]["gpu_wait"][name]["named"], links)

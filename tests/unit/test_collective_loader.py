@@ -32,9 +32,11 @@ def topo():
     (["loader.enabled=true", "storage.hosts=[]", "phases.shared.storage.mode='off'",
       "phases.classes.storage.mode='off'"], "storage.hosts"),
     (["storage.hosts=[h99]"], "storage.hosts"),
-    # the synthetic ring's ranks are the ones that wait for batches
+    # the synthetic ring's and DDP's ranks are the ones that wait for batches
     (["phases.alone.loader.enabled=true", "job.pattern=incast"], "phases.alone.loader.enabled"),
     (["loader.enabled=true", "job.library=gloo"], "loader.enabled"),
+    (["phases.alone.loader.enabled=true", "phases.alone.job.library=gloo"],
+     "phases.alone.loader.enabled"),
     # a slow storage link needs storage hosts to slow, and a rate
     (["storage.hosts=[]", "storage.mode='off'", "phases.shared.storage.mode='off'",
       "phases.classes.storage.mode='off'", "storage.link_mbps=2"], "storage.link_mbps"),
@@ -58,15 +60,29 @@ def test_loader_is_off_unless_asked():
     assert pp["b"]["loader"]["enabled"] is True
 
 
+def job_setup(t: dict) -> JobSetup:
+    """``JobSetup`` as a run holds it, enough to plan connections on topology ``t``."""
+    setup = JobSetup()
+    setup.ips = {h["name"]: h["ip"] for h in t["hosts"]}
+    setup.sports = random.Random(1).sample(range(20000, 32000), 200)
+    setup.next_index = 0
+    return setup
+
+
+def planned_for(params: dict, t: dict, name: str = "run"):
+    """Phase ``name`` of a scenario's ``params``: its parameters, placed hosts and its
+    loaders' connections as ``JobSetup`` plans them."""
+    pp = kind.check(params, t)[name]
+    hosts = kind.place_workers(t, pp, random.Random(1))
+    return pp, hosts, job_setup(t).loader_conns(pp, hosts)
+
+
 def planned(loader: dict, workers: int = 3):
     """A phase's ring and loader connections as ``JobSetup`` plans them."""
     t = topo()
     pp = kind.check({"job": {"workers": workers, "size_bytes": 3 * 1024},
                      "storage": {"hosts": ["h11", "h12"]}, "loader": loader}, t)["run"]
-    setup = JobSetup()
-    setup.ips = {h["name"]: h["ip"] for h in t["hosts"]}
-    setup.sports = random.Random(1).sample(range(20000, 32000), 200)
-    setup.next_index = 0
+    setup = job_setup(t)
     hosts = kind.place_workers(t, pp, random.Random(1))
     ring = setup.conns_for(pp, hosts)
     return pp, hosts, ring, setup.loader_conns(pp, hosts)

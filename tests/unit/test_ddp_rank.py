@@ -29,6 +29,34 @@ def test_bad_ddp_input_names_the_field(sets, field):
     assert err.value.field == field, str(err.value)
 
 
+@pytest.mark.parametrize("sets, field", [
+    # a loader needs a rank that waits for batches: DDP's does, gloo's bare all-reduce not
+    (["phases.loader.job.program=allreduce"], "phases.loader.loader.enabled"),
+    (["loader.enabled=true", "job.program=allreduce"], "loader.enabled"),
+    (["phases.slow-storage.loader.workers=0"], "phases.slow-storage.loader.workers"),
+    (["phases.loader.loader.prefetch=0"], "phases.loader.loader.prefetch"),
+    (["storage.hosts=[h9]"], "storage.hosts"),
+])
+def test_bad_ddp_loader_input_names_the_field(sets, field):
+    with pytest.raises(ScenarioError) as err:
+        run.check_input("ddp-train", sets=sets)
+    assert err.value.field == field, str(err.value)
+
+
+def test_a_ddp_phase_with_a_loader_plans_its_flows_as_the_rings():
+    """The kind plans a DDP rank's loader connections as the ring's (a source port of its
+    own per worker, kind ``loader``, from the storage port) and hands them to the rank."""
+    from lab.kinds.collective import plan as kind
+    from tests.unit.test_collective_loader import planned_for
+
+    given = run.check_input("ddp-train")
+    pp, hosts, conns = planned_for(given.params, given.topo_desc, "slow-storage")
+    assert (pp["job"]["library"], pp["job"]["program"]) == ("gloo", "ddp")
+    assert len(conns) == len(hosts) * pp["loader"]["workers"]
+    assert {(c.spec.kind, c.spec.sport) for c in conns} == {("loader", kind.STORAGE_PORT)}
+    assert len({c.spec.dport for c in conns}) == len(conns)
+
+
 def test_the_scenario_checks_and_its_model_holds_exactly_s():
     given = run.check_input("ddp-train")
     size = given.params["job"]["size_bytes"]
@@ -46,6 +74,14 @@ def test_ddp_without_torch_is_refused_before_anything_starts(monkeypatch):
     (["--bucket-cap-mb", "0"], "bucket_cap_mb"),
     (["--first-bucket-mb", "-1"], "first_bucket_mb"),
     (["--world", "1", "--peers", "10.0.0.1"], "world"),
+    # its data loader's options, checked as the ring's are
+    (["--storage", "10.0.0.3:7400", "--loader-workers", "2", "--loader-sports", "7001"],
+     "loader_sports"),
+    (["--storage", "10.0.0.3:7400", "--loader-sports", "7001", "--prefetch", "0"],
+     "prefetch"),
+    (["--storage", "10.0.0.3:7400", "--loader-sports", "7001", "--batch-bytes", "0"],
+     "batch_bytes"),
+    (["--loader-sports", "7001"], "loader_sports"),           # no --storage to read from
 ])
 def test_the_ddp_rank_refuses_bad_input_before_importing_torch(args, field, tmp_path):
     refuses_before_torch("ddp", {"--size": str(SPLIT_BYTES)}, args, field, tmp_path)
