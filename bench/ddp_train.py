@@ -1,8 +1,9 @@
 """`fabriclab run ddp-train` against its speed target: a real DistributedDataParallel job
-on gloo, four phases of four ranks (each phase's torch import, rendezvous and DDP set-up
+on gloo, six phases of four ranks (each phase's torch import, rendezvous and DDP set-up
 included). Wall time (target <= 120 s on 2 cores, fidelity valid), the ranks' CPU time,
 and per phase what DDP reported: forward, backward, all-reduce, overlap, step p50/p99,
-GPU idle, busbw.
+GPU idle, busbw; with a data loader, the step's data wait share (over every rank, and of
+each step's last rank to compute) and the causes the diagnosis named.
 
 Usage: python bench/ddp_train.py [--runs N] [--json FILE]
 """
@@ -30,6 +31,11 @@ def measure(name: str, out: Path, wall: float, r: dict[str, Any]) -> dict[str, A
             "ideal_comm_s": m["ideal_comm_s"],
             "collided_epochs": sum(e["collided"] for e in m["epochs"].values()),
             **{k: m["ddp"][k] for k in DDP_KEYS}}
+        if m.get("gpu_wait"):
+            row["phases"][p]["data_wait_share"] = m["gpu_wait"]["share"]["data_wait"]
+            row["phases"][p]["critical_data_wait_share"] = \
+                m["gpu_wait"]["critical_share"]["data_wait"]
+            row["phases"][p]["named"] = r["diagnosis"]["gpu_wait"][p]["named"]
         if m.get("by_checkpoint"):
             row["phases"][p]["by_checkpoint_comm_p50_s"] = {
                 k: v["comm_p50_s"] for k, v in m["by_checkpoint"].items()}
@@ -48,7 +54,10 @@ def show(row: dict[str, Any]) -> None:
               f"{m['gpu_idle_fraction'] * 100:.0f}%, busbw "
               f"{m['busbw_bps'] / 1e6:.1f} Mbit/s, {m['collided_epochs']} epochs "
               "collided" + (f", checkpoint comm {m['by_checkpoint_comm_p50_s']}"
-                            if "by_checkpoint_comm_p50_s" in m else ""))
+                            if "by_checkpoint_comm_p50_s" in m else "")
+              + (f", data wait {m['data_wait_share'] * 100:.0f}% (last rank to compute "
+                 f"{m['critical_data_wait_share'] * 100:.0f}%), named {m['named']}"
+                 if "named" in m else ""))
 
 
 def main() -> int:

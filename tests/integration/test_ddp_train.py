@@ -200,4 +200,5 @@ def test_the_diagnosis_names_slow_storage_and_nothing_when_fed(ddp):
         assert ddp["diagnosis"]["gpu_wait"][name]["named"] == got[s["alias"][name]]["named"]
         print(name, "share", phase(ddp, name)["gpu_wait"]["share"], "critical",
               phase(ddp, name)["gpu_wait"]["critical_share"], "named",
-              ddp["diagnosis"]["gpu_wait"][name]["named"], links)
+              ddp["diagnosis"]["gpu_wait"][name]["named"],
+              diagnosis.storage_links(ddp["phase_details"][name]))
