@@ -165,7 +165,9 @@ def check_links_agree_with_flows(r: dict) -> list[str]:
 #: A batch on the wire: its payload plus TCP/IP headers and the request's ACKs' share, and
 #: on the slowest storage link (0.25 Mbit/s, whose 150 KB queue holds 4.8 s) the segments
 #: TCP's timer sent again while the first copies still queued: both arrive. 1.07 measured
-#: at most elsewhere, 1.10 there.
+#: at most elsewhere, 1.10 there; ddp-train's slow-storage (0.3 Mbit/s, one loader worker
+#: a GPU, two connections a link) 1.03-1.07 (two workers a GPU queued twice as much there:
+#: 1.15).
 WIRE_OVERHEAD_MAX = 1.15
 
 
