@@ -159,22 +159,11 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
         procs: list[subprocess.Popen] = []
         gloo_ready: list[Path] = []
         gloo_ranks: list[subprocess.Popen] = []
-        servers: list[subprocess.Popen] = []
+        servers = False
         try:
             sampler.start()
             if job["library"] == "gloo":
-                # Before the window: torch's import and the rendezvous are set-up. Their
-                # connections are watched before it opens, so the switches count the job
-                # from its first byte; the ranks' own counters start at the go, after it.
-                # A DDP rank's loader connects to storage before torch is imported (and asks
-                # for no batch before the go): its servers listen first.
-                if ph.lconns:
-                    servers = self.start_storage_servers(pp, work)
-                    procs += servers
-                gloo_ranks, gloo_ready, reports = self.start_gloo(pp, ph.hosts, work,
-                                                                  ph.lconns)
-                procs += gloo_ranks
-                self.gloo_connections(ph, gloo_ready, gloo_ranks, reports)
+                gloo_ranks, gloo_ready, servers = self.start_gloo_job(ph, procs)
             time.sleep(0.05)
             d.window.open()
             d.ecn0 = self.ecn_counters()
@@ -227,6 +216,24 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             self.kill_leftovers(procs, d)
             sampler.stop()
         return d
+
+    def start_gloo_job(self, ph: Phase, procs: list[subprocess.Popen]
+                       ) -> tuple[list[subprocess.Popen], list[Path], bool]:
+        """The gloo ranks, before the window: torch's import and the rendezvous are set-up.
+        Their connections are watched before it opens, so the switches count the job from
+        its first byte; the ranks' own counters start at the go, after it. A DDP rank's
+        loader connects to storage before torch is imported (and asks for no batch before
+        the go), so its storage servers listen first.
+
+        Each program is added to ``procs`` as it starts, so a failure still stops it.
+        Returns the ranks, their ready files and whether the storage servers started."""
+        servers = bool(ph.lconns)
+        if servers:
+            procs += self.start_storage_servers(ph.pp, ph.work)
+        ranks, ready, reports = self.start_gloo(ph.pp, ph.hosts, ph.work, ph.lconns)
+        procs += ranks
+        self.gloo_connections(ph, ready, ranks, reports)
+        return ranks, ready, servers
 
     @staticmethod
     def kill_leftovers(procs: list[subprocess.Popen], d: Drive) -> None:
