@@ -44,6 +44,10 @@ the ring's keys, adding up to ``step_s``. The loader's workers are forked before
 imported (torch starts threads; a fork must not copy their locks) and ask for no batch
 before the lab's go, so the switches count every batch from its first byte.
 
+With ``--live-file`` the rank writes its parts as spans for a live view, as the ring's rank
+does (:class:`lab.agents.workerbase.LiveParts`): its exposed part and optimizer step once
+backward has returned (the hook says when backward's compute ended only then).
+
 Everything else (rendezvous on rank 0's fabric address, gloo's connections reported before
 the lab's go, epochs as process groups, bounded threads, the JSON) is the gloo rank's.
 
@@ -60,7 +64,7 @@ from lab.agents import golatch
 from lab.agents.common import write_json
 from lab.agents.gloorank import ELEMENT_BYTES, GlooRank
 from lab.agents.loader import Loader, wait_for_batch
-from lab.agents.workerbase import CollectiveError, now, stamp
+from lab.agents.workerbase import CollectiveError, LiveParts, now, stamp
 
 #: The model's shape: BLOCKS blocks of WIDTH -> m -> WIDTH (two weight matrices each).
 BLOCKS = 4
@@ -109,6 +113,7 @@ class DDPRank(GlooRank):
         self.buckets: list[dict[str, Any]] = []     # the current step's, from the hook
         self.bucket_bytes: list[int] = []            # the last measured step's
         self.params = 0
+        self.live = LiveParts(args.live_file, args.rank)
         self.loader: Loader | None = None
         if args.storage:   # its connections from this rank's fabric address by default
             self.loader = Loader.from_args(args, args.peers[args.rank], args.steps)
@@ -175,8 +180,10 @@ class DDPRank(GlooRank):
         opt.zero_grad(set_to_none=False)      # before the step: not part of its time
         self._set_gpu_time(model, self._compute_time())
         self.buckets = []
-        got = wait_for_batch(self.loader, a.io_timeout_s)
+        got = wait_for_batch(self.loader, a.io_timeout_s,
+                             lambda t: self.live.enter("data_wait", t))
         t_start, t_batch = got.t_start, got.t_batch
+        self.live.enter("compute", t_batch)
         loss = ((model(self.x) - self.y) ** 2).mean()
         t_fwd = now()
         loss.backward()
@@ -187,6 +194,10 @@ class DDPRank(GlooRank):
             raise CollectiveError(f"step {step}: DDP's hook saw no completed bucket")
         spans = [(b["t_start"], b["t_end"]) for b in self.buckets]
         t_ready = max(s for s, _ in spans)      # the last bucket ready: backward computed
+        # known once backward has returned: a live view sees the exposed part a step late
+        self.live.enter("exposed_comm", t_ready)
+        self.live.enter("compute", t_bwd_ret)   # the optimizer step
+        self.live.enter(None, t_end)
         t_c0, t_c1 = min(s for s, _ in spans), max(e for _, e in spans)
         fwd_s, bwd_s, opt_s = t_fwd - t_batch, t_ready - t_fwd, t_end - t_bwd_ret
         compute_s = fwd_s + bwd_s + opt_s
@@ -237,6 +248,7 @@ class DDPRank(GlooRank):
             self.steps.append(rec)
         if self.loader is not None:
             self.loader.finish()
+        self.live.finish()
 
     def close(self) -> None:
         """The loader's workers stopped and reaped (every way out), then gloo's close."""

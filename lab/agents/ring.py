@@ -11,7 +11,8 @@ waits for its batch, as a real one does: a step is then data wait + compute + th
 exposed part (what runs past the compute's end) + barrier, and those four add up to the step.
 
 With ``--live-file`` (the lab gives it only while a live view is on) the rank also rewrites a
-small JSON file with its recent parts as spans, at most every half second (:class:`LiveParts`).
+small JSON file with its recent parts as spans, at most every half second
+(:class:`lab.agents.workerbase.LiveParts`).
 
 This runs inside hosts: standard library only, nothing of the lab.
 """
@@ -25,14 +26,14 @@ import select
 import socket
 import threading
 import time
-from collections import deque
 from typing import Any
 
-from lab.agents.common import TOTAL_RETRANS_OFFSET, LiveFile, congestion_control, tcp_u32
+from lab.agents.common import TOTAL_RETRANS_OFFSET, congestion_control, tcp_u32
 from lab.agents.loader import Loader, wait_for_batch
 from lab.agents.workerbase import (
     LOWAT_BYTES,
     CollectiveError,
+    LiveParts,
     accept,
     connect,
     connection_record,
@@ -50,46 +51,6 @@ def _sleep_until(deadline: float) -> None:
     delay = deadline - now()
     if delay > 0:
         time.sleep(delay)
-
-
-#: A live file keeps this many of the rank's latest spans (a hundred steps of four parts):
-#: enough for the live page's phase, bounded so a long job's rewrite stays small.
-LIVE_SPANS = 400
-
-
-class LiveParts:
-    """The rank's step parts as they happen, for a live view: each boundary a step crosses
-    (its batch in hand, its compute done, its all-reduce done) closes one span and opens the
-    next, and the file (``--live-file``) is rewritten whole when due.
-
-    Why at boundaries and not from a timer: the main thread crosses them anyway, so the only
-    cost is a clock read and a list append per part, plus a write at most every 0.5 s; a
-    timer would be a thread of its own. A part still on is sent with no end (``None``) and
-    the file's ``now``, so the page draws it up to then. Without a path nothing is kept.
-    """
-
-    def __init__(self, path: str | None, rank: int) -> None:
-        self.file = LiveFile(path)
-        self.rank = rank
-        self.spans: deque[list[Any]] = deque(maxlen=LIVE_SPANS)
-        self.open: tuple[str, float] | None = None
-
-    def enter(self, part: str | None, t: float) -> None:
-        """From ``t`` (this rank's clock) the rank is in ``part`` (None: between steps)."""
-        if self.file.path is None:
-            return
-        if self.open is not None and t > self.open[1]:
-            self.spans.append([self.open[0], stamp(self.open[1]), stamp(t)])
-        self.open = None if part is None else (part, t)
-        if self.file.due(t_now := now()):
-            self.write(t_now)
-
-    def write(self, t_now: float) -> None:
-        """Rewrite the file: the spans kept, the one still on, and when this was said."""
-        spans = list(self.spans)
-        if self.open is not None:
-            spans.append([self.open[0], stamp(self.open[1]), None])
-        self.file.write({"rank": self.rank, "now": stamp(t_now), "spans": spans}, t_now)
 
 
 class RingLink:
@@ -419,8 +380,7 @@ class RingRank:
         self._close_epoch()
         if self.loader is not None:
             self.loader.finish()
-        if self.live.file.path is not None:   # the last steps, however soon after a write
-            self.live.write(now())
+        self.live.finish()
 
     def close(self) -> None:
         """Clean up after a normal end or a failure: record the open connection, close all."""

@@ -36,7 +36,8 @@ library, not the lab, opens and numbers its connections, and the rank reports th
 ``--first-bucket-mb MB``: a real ``DistributedDataParallel`` training rank on gloo
 (:mod:`lab.agents.ddprank`) whose model's gradients total ``--size`` bytes. It takes the
 ring's input pipeline flags too (``--storage`` ... ``--loader-bind``, default: its own
-``--peers`` address), and a step with a batch has the ring's four parts.
+``--peers`` address), and a step with a batch has the ring's four parts; and the ring's
+``--live-file``.
 
 Each writes one JSON document to ``--out`` (default stdout) when it ends - also when stopped by
 SIGTERM/SIGINT or failing, with ``error`` saying why. Exit status: 0 done; 1 the run broke (a
@@ -391,6 +392,14 @@ def _sweep_flag() -> argparse.ArgumentParser:
     return p
 
 
+def _live_flag() -> argparse.ArgumentParser:
+    """A training rank's live view (the synthetic ring's and DDP's)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--live-file", help="rewrite this JSON file with the rank's recent step "
+                   "parts as spans, at most every 0.5 s (for a live view)")
+    return p
+
+
 def _loader_flags() -> argparse.ArgumentParser:
     """A training rank's input pipeline (:mod:`lab.agents.loader`), modelled on PyTorch's
     DataLoader: the synthetic ring's and DDP's ranks take the same flags."""
@@ -420,10 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="collective", description=__doc__.split("\n\n", 1)[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     common, rank, gloo, sweep = _common_flags(), _rank_flags(), _gloo_flags(), _sweep_flag()
-    loader = _loader_flags()
+    loader, live = _loader_flags(), _live_flag()
 
     ring = sub.add_parser("ring", help="one rank of a ring All-Reduce training job",
-                          parents=[rank, sweep, loader, common])
+                          parents=[rank, sweep, loader, live, common])
     ring.add_argument("--listen", type=_addr, required=True, help="IP:PORT for the previous rank")
     ring.add_argument("--next", type=_addr, required=True, help="the next rank's IP:PORT")
     ring.add_argument("--bind", required=True, help="source IP of the connection to next")
@@ -432,14 +441,12 @@ def build_parser() -> argparse.ArgumentParser:
     ring.add_argument("--epoch-steps", type=int, default=0,
                       help="reconnect from the next source port every E steps (0: never)")
     ring.add_argument("--cc", help="TCP congestion control (default: the system's)")
-    ring.add_argument("--live-file", help="rewrite this JSON file with the rank's recent step "
-                      "parts as spans, at most every 0.5 s (for a live view)")
 
     sub.add_parser("gloo", help="one rank of the same job on PyTorch's gloo",
                    parents=[rank, gloo, sweep, common])
 
     ddp = sub.add_parser("ddp", help="one rank of a DistributedDataParallel job on gloo",
-                         parents=[rank, gloo, loader, common])
+                         parents=[rank, gloo, loader, live, common])
     ddp.add_argument("--bucket-cap-mb", type=float, default=25.0,
                      help="DDP's bucket size (its default: 25 MB)")
     ddp.add_argument("--first-bucket-mb", type=float, default=1.0,

@@ -1,5 +1,6 @@
-"""What the collective programs share: the ring rank (:mod:`lab.agents.ring`) and the incast
-sink and sender (:mod:`lab.agents.incast`), run by :mod:`lab.agents.worker`.
+"""What the collective programs share: the ring rank (:mod:`lab.agents.ring`), the DDP rank
+(:mod:`lab.agents.ddprank`) and the incast sink and sender (:mod:`lab.agents.incast`), run
+by :mod:`lab.agents.worker`.
 
 They time on one clock (``time.monotonic()``, the same in every network namespace of the
 machine, and rebased onto the head's on a cluster's other workers, so the lab can line
@@ -21,9 +22,10 @@ import resource
 import select
 import socket
 import time
+from collections import deque
 from typing import Any
 
-from lab.agents.common import NOTSENT_OFFSET, UNACKED_OFFSET, tcp_info, tcp_u32
+from lab.agents.common import NOTSENT_OFFSET, UNACKED_OFFSET, LiveFile, tcp_info, tcp_u32
 
 #: SO_RCVLOWAT while a chunk has more than this left: poll() then wakes us once per 64 kB
 #: instead of once per packet, which is what keeps 8 ranks on 2 cores mostly idle.
@@ -180,3 +182,54 @@ def finish_connection(record: dict[str, Any], sock: socket.socket, graceful: boo
     with contextlib.suppress(OSError):
         record.update(tcp_info(sock))
     record["t_close"] = stamp(now())
+
+
+# --------------------------------------------------------------------------------------------
+# A live view's step parts
+# --------------------------------------------------------------------------------------------
+
+
+#: A live file keeps this many of the rank's latest spans (a hundred steps of four parts):
+#: enough for the live page's phase, bounded so a long job's rewrite stays small.
+LIVE_SPANS = 400
+
+
+class LiveParts:
+    """A training rank's step parts as they happen, for a live view (the synthetic ring's
+    and DDP's): each boundary a step crosses (its batch in hand, its compute done, its
+    all-reduce done) closes one span and opens the next, and the file (``--live-file``) is
+    rewritten whole when due.
+
+    Why at boundaries and not from a timer: the main thread crosses them anyway, so the only
+    cost is a clock read and a list append per part, plus a write at most every 0.5 s; a
+    timer would be a thread of its own. A part still on is sent with no end (``None``) and
+    the file's ``now``, so the page draws it up to then. Without a path nothing is kept.
+    """
+
+    def __init__(self, path: str | None, rank: int) -> None:
+        self.file = LiveFile(path)
+        self.rank = rank
+        self.spans: deque[list[Any]] = deque(maxlen=LIVE_SPANS)
+        self.open: tuple[str, float] | None = None
+
+    def enter(self, part: str | None, t: float) -> None:
+        """From ``t`` (this rank's clock) the rank is in ``part`` (None: between steps)."""
+        if self.file.path is None:
+            return
+        if self.open is not None and t > self.open[1]:
+            self.spans.append([self.open[0], stamp(self.open[1]), stamp(t)])
+        self.open = None if part is None else (part, t)
+        if self.file.due(t_now := now()):
+            self.write(t_now)
+
+    def write(self, t_now: float) -> None:
+        """Rewrite the file: the spans kept, the one still on, and when this was said."""
+        spans = list(self.spans)
+        if self.open is not None:
+            spans.append([self.open[0], stamp(self.open[1]), None])
+        self.file.write({"rank": self.rank, "now": stamp(t_now), "spans": spans}, t_now)
+
+    def finish(self) -> None:
+        """The job's end: its last steps written, however soon after the last write."""
+        if self.file.path is not None:
+            self.write(now())

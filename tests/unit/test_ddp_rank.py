@@ -87,6 +87,26 @@ def test_the_ddp_rank_refuses_bad_input_before_importing_torch(args, field, tmp_
     refuses_before_torch("ddp", {"--size": str(SPLIT_BYTES)}, args, field, tmp_path)
 
 
+def test_the_ddp_rank_takes_the_rings_loader_and_live_flags():
+    """One definition of the input pipeline's and the live view's flags, for both ranks;
+    DDP's loader binds to its own fabric address (its ``--peers`` entry) unless told."""
+    from lab.agents import worker
+
+    args = worker.build_parser().parse_args([
+        "ddp", "--rank", "1", "--world", "2", "--master", "10.0.0.1:7200",
+        "--peers", "10.0.0.1,10.0.0.2", "--iface", "h2-eth0", "--size", str(SPLIT_BYTES),
+        "--steps", "3", "--conns-out", "c.json", "--ready-file", "r",
+        "--storage", "10.0.0.5:7400", "--loader-sports", "21000", "--batch-bytes", "4096",
+        "--live-file", "l.json"])
+    worker.validate_ddp(args)
+    assert (args.storage, args.loader_sports, args.batch_bytes, args.live_file) == (
+        [("10.0.0.5", 7400)], [21000], 4096, "l.json")
+    from lab.agents.ddprank import DDPRank
+    rank = DDPRank(args)
+    assert rank.loader is not None and rank.loader.bind == "10.0.0.2"
+    assert rank.loader.total == 3 and rank.live.file.path == "l.json"
+
+
 def test_union_counts_concurrent_buckets_once():
     assert union_s([]) == 0.0
     assert union_s([(0.0, 1.0), (0.5, 1.5), (2.0, 2.5)]) == pytest.approx(2.0)

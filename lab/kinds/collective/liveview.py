@@ -1,10 +1,11 @@
-"""The collective kind's part of the live view: a lane per ring rank, its step parts (data
-wait, compute, exposed communication, barrier) as they happen, beside the uplinks.
+"""The collective kind's part of the live view: a lane per training rank (the synthetic
+ring's or DDP's), its step parts (data wait, compute, exposed communication, barrier) as
+they happen, beside the uplinks.
 
 Why files and a poller, as the streaming kind's viewers do: the ranks are processes in the
 hosts' namespaces, and only they know when a step crosses from one part to the next. With
 ``--live-file`` (given only while a live view is on) each rank rewrites a small JSON file
-with its recent parts at most every half second (``lab.agents.ring.LiveParts``); a thread of
+with its recent parts at most every half second (``lab.agents.workerbase.LiveParts``); a thread of
 the lab reads the files at the same pace and hands the lanes to the live feed
 (:meth:`lab.measure.live.Feed.set_lanes`). The ranks stamp ``time.monotonic()`` (less the
 head's offset over a cluster, none on one machine), one clock for every namespace of a
@@ -34,7 +35,7 @@ def live_path(work: Path, rank: int) -> Path:
 
 
 def live_file_args(work: Path, rank: int) -> list[str]:
-    """``--live-file`` for a ring rank while a live view is on; else nothing."""
+    """``--live-file`` for a training rank while a live view is on; else nothing."""
     if live.current() is None:
         return []
     return ["--live-file", str(live_path(work, rank))]

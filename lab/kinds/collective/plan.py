@@ -284,10 +284,17 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
         raise ScenarioError(f("microburst.senders"), f"at most {n - 1} (the job's senders)")
 
 
-#: The (library, program) of ring jobs whose ranks wait for a data loader's batches: the
-#: lab's own ring (``lab.agents.ring``) and DDP's training step (``lab.agents.ddprank``).
-#: gloo's bare all-reduce has no training step to feed, the incast no rank at all.
+#: The (library, program) of ring jobs whose ranks run a training step that records its
+#: parts (and can wait for a data loader's batches): the lab's own ring
+#: (``lab.agents.ring``) and DDP's (``lab.agents.ddprank``). gloo's bare all-reduce has no
+#: training step, the incast no rank at all.
 LOADER_JOBS = (("synthetic", "allreduce"), ("gloo", "ddp"))
+
+
+def step_parts_recorded(job: dict[str, Any]) -> bool:
+    """Whether the job's ranks run a training step with parts (``LOADER_JOBS``): those can
+    have a data loader, and write their parts for a live view."""
+    return job["pattern"] == "ring" and (job["library"], job["program"]) in LOADER_JOBS
 
 
 def check_loader(pp: dict[str, Any], f: Any) -> None:
@@ -296,7 +303,7 @@ def check_loader(pp: dict[str, Any], f: Any) -> None:
     if not pp["loader"]["enabled"]:
         return
     job = pp["job"]
-    if job["pattern"] != "ring" or (job["library"], job["program"]) not in LOADER_JOBS:
+    if not step_parts_recorded(job):
         what = ("the incast" if job["pattern"] != "ring"
                 else f"job.library {job['library']} with job.program {job['program']}")
         raise ScenarioError(f("loader.enabled"), "the data loader feeds the synthetic "

@@ -195,8 +195,8 @@ class JobPrograms:
     def start_gloo(self, pp: dict[str, Any], hosts: list[str], work: Path,
                    lconns: list[Conn]) -> tuple[list[subprocess.Popen], list[Path], list[Path]]:
         """The job's ranks on gloo (all-reduce, or DDP training: ``job.program``, whose
-        ranks may have a data loader reading over ``lconns``), rendezvous on rank 0's
-        fabric address; each reports gloo's connections, then holds for
+        ranks may have a data loader reading over ``lconns`` and a live file), rendezvous
+        on rank 0's fabric address; each reports gloo's connections, then holds for
         :func:`lab.machine.programs.go`. Returns the ranks, their ready files and their
         connection reports."""
         job = pp["job"]
@@ -218,6 +218,7 @@ class JobPrograms:
                     "--straggler-s", str(job["straggler_s"]),
                     "--epoch-steps", str(job["epoch_steps"]), *extra,
                     *loader_args(pp, [c for c in lconns if c.rank == r]),
+                    *(liveview.live_file_args(work, r) if ddp else []),
                     # torch's import and rendezvous of N ranks on two cores: tens of seconds
                     "--connect-timeout-s", str(programs.ready_timeout_s()),
                     "--conns-out", str(work / f"rank{r}.conns.json"),

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from lab.kinds.base import Plan, Progress, bring_up
 from lab.kinds.collective import gloo, liveview, otherjob
 from lab.kinds.collective import metrics as jm
+from lab.kinds.collective import plan as planning
 from lab.kinds.collective.programs import JobPrograms, load, wait
 from lab.kinds.collective.readout import Drive, JobReadout
 from lab.kinds.collective.setup import JobSetup, Phase
@@ -192,8 +193,8 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             procs += [p for p in workers if p not in procs]
             self.progress(self.job_line(name, ph))
             deadline = time.monotonic() + estimate
-            ring = job["pattern"] == "ring" and not gloo_ranks
-            with liveview.rank_lanes(work, len(ph.hosts) if ring else 0):
+            lanes = len(ph.hosts) if planning.step_parts_recorded(job) else 0
+            with liveview.rank_lanes(work, lanes):
                 for p in workers:
                     wait(p, max(1.0, deadline - time.monotonic()))
             d.t_job_end = time.monotonic() - sampler.t0
