@@ -20,10 +20,12 @@ Pure functions over result.json.
 
 from __future__ import annotations
 
+import collections
 import copy
 import itertools
 import json
 import random
+from collections.abc import Iterable
 from typing import Any
 
 from lab.model.flowpaths import attachment
@@ -136,6 +138,29 @@ def rack_uplinks(topology: dict[str, Any]) -> set[tuple[str, str]]:
     return out
 
 
+def most_free_in_a_rack(topology: dict[str, Any], storage: set[str]) -> int:
+    """The most hosts free of storage that hang from one rack: the largest job that can be
+    placed in one."""
+    per_rack = collections.Counter(sw for h, sw in attachment(topology).items()
+                                   if h not in storage)
+    return max(per_rack.values(), default=0)
+
+
+def host_link_rates(topology: dict[str, Any], hosts: Iterable[str]) -> list[float]:
+    """The rates (Mbit/s) of ``hosts``' own links to their racks."""
+    att, wanted = attachment(topology), set(hosts)
+    return [ln["bw_mbps"] for ln in topology.get("links", [])
+            for h, sw in ((ln["a"], ln["b"]), (ln["b"], ln["a"]))
+            if h in wanted and att.get(h) == sw]
+
+
+def uplink_rates(topology: dict[str, Any]) -> list[float]:
+    """The rates (Mbit/s) of the racks' uplinks (``rack_uplinks``)."""
+    up = rack_uplinks(topology)
+    return [ln["bw_mbps"] for ln in topology.get("links", [])
+            if (ln["a"], ln["b"]) in up or (ln["b"], ln["a"]) in up]
+
+
 def best_bottleneck_bps(topology: dict[str, Any], details: dict[str, Any]) -> float | None:
     """The slowest link a ring of the job's size would cross if placed as well as this
     fabric allows: inside one rack when some rack has that many hosts free of storage (its
@@ -145,22 +170,13 @@ def best_bottleneck_bps(topology: dict[str, Any], details: dict[str, Any]) -> fl
     hosts = _job_hosts(details)
     if not hosts:
         return None
-    att = attachment(topology)
     storage = {f["src"] for f in details.get("flows", []) if f.get("kind") == "loader"}
-    per_rack: dict[str, int] = {}
-    for h, sw in att.items():
-        if h not in storage:
-            per_rack[sw] = per_rack.get(sw, 0) + 1
-    host_bw = [ln["bw_mbps"] for ln in topology.get("links", [])
-               for h, sw in ((ln["a"], ln["b"]), (ln["b"], ln["a"]))
-               if h in hosts and att.get(h) == sw]
-    uplinks = rack_uplinks(topology)
-    fabric_bw = [ln["bw_mbps"] for ln in topology.get("links", [])
-                 if (ln["a"], ln["b"]) in uplinks or (ln["b"], ln["a"]) in uplinks]
+    host_bw = host_link_rates(topology, hosts)
+    fabric_bw = uplink_rates(topology)
     if not host_bw:
         return None
     best = min(host_bw)
-    if len(hosts) > max(per_rack.values(), default=0) and fabric_bw:
+    if len(hosts) > most_free_in_a_rack(topology, storage) and fabric_bw:
         best = min(best, min(fabric_bw))
     return best * 1e6
 

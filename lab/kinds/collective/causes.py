@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from controllers.marking import TCP_MSS_BYTES, WIRE_FRAME_BYTES
-from lab.analysis.gpuwait import rack_uplinks
+from lab.analysis import gpuwait
 from lab.kinds.collective.plan import field_namer, phase_params
 from lab.model.flowpaths import attachment
 
@@ -96,9 +96,8 @@ def _cpu(pp: dict[str, Any], over: dict[str, Any]) -> list[tuple[str, str]]:
 def _interface(pp: dict[str, Any], topo_desc: dict[str, Any]) -> list[tuple[str, str]]:
     if pp["job"]["interface"] != "mgmt":
         return []
-    hosts = {h["name"] for h in topo_desc["hosts"]}
-    fabric = min((float(ln["bw_mbps"]) for ln in topo_desc["links"]
-                  if ln["a"] in hosts or ln["b"] in hosts), default=0.0)
+    hosts = [h["name"] for h in topo_desc["hosts"]]
+    fabric = min(map(float, gpuwait.host_link_rates(topo_desc, hosts)), default=0.0)
     mgmt = float(topo_desc["mgmt"]["bw_mbps"])
     if mgmt >= fabric:
         return [("job.interface", f"the management NICs ({mgmt:g} Mbit/s, topology.mgmt_bw) "
@@ -114,18 +113,11 @@ def _placement(pp: dict[str, Any], over: dict[str, Any],
     cost a crossing ring nothing."""
     if "hosts" not in (over.get("placement") or {}) or pp["placement"]["hosts"] == "packed":
         return []
-    att = attachment(topo_desc)
-    storage = set(pp["storage"]["hosts"])
-    free: dict[str, int] = {}
-    for h, sw in att.items():
-        if h not in storage:
-            free[sw] = free.get(sw, 0) + 1
-    n, most = pp["job"]["workers"], max(free.values(), default=0)
-    up = rack_uplinks(topo_desc)
-    rates = {(ln["a"], ln["b"]): float(ln["bw_mbps"]) for ln in topo_desc["links"]}
-    rates.update({(b, a): r for (a, b), r in list(rates.items())})
-    host_bw = min((rates[(h, sw)] for h, sw in att.items()), default=0.0)
-    uplink_bw = min((rates[k] for k in up), default=host_bw)
+    n = pp["job"]["workers"]
+    most = gpuwait.most_free_in_a_rack(topo_desc, set(pp["storage"]["hosts"]))
+    host_bw = min(map(float, gpuwait.host_link_rates(topo_desc, attachment(topo_desc))),
+                  default=0.0)
+    uplink_bw = min(map(float, gpuwait.uplink_rates(topo_desc)), default=host_bw)
     if n > most:
         return [("placement.hosts", f"{n} ranks do not fit in one rack (at most {most} hosts "
                  "free of storage): packed, they cross the racks' uplinks too")]
