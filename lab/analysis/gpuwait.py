@@ -55,8 +55,8 @@ FIXES = {
 
 
 #: A rank whose mean compute is this much longer than the fastest rank's is a straggler,
-#: and the others' barrier waits for it; below it, compute is the same model on every rank
-#: (measured spread 1.00-1.02) and the barrier waits for all-reduces still running.
+#: and the others' wait for its compute is its doing; below it, compute is the same model
+#: on every rank (measured spread 1.00-1.02) and a lag is a late batch's or jitter's.
 STRAGGLER_SPREAD = 1.2
 
 
@@ -269,7 +269,7 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
     """One phase's GPU idle time, ranked by cause (see the module's docstring)."""
     gw = metrics["gpu_wait"]
     crit = gw["critical_share"]
-    idle = max(0.0, 1.0 - crit["compute"])
+    lag = gw.get("compute_lag_share", 0.0)
     fetch, prep, _, _ = _loader_split(details)
     fetch_frac = fetch / (fetch + prep) if fetch + prep > 0 else 0.0
     step = metrics.get("step_mean_s") or 0.0
@@ -283,11 +283,15 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
     # On a NIC that is not the fabric's, the gap to the well-placed ideal is the interface's.
     wrong_nic = off_fabric(details)
     interface, placed = (placed, 0.0) if wrong_nic else (0.0, placed)
-    # The barrier is a wait for ranks still busy: still computing (a straggler: its
-    # compute is longer than the others') or still in their all-reduce (the network's).
+    # The last rank to compute waits at the barrier only for all-reduces still running
+    # (the network's); the others' wait for its compute is the lag, a straggler's when one
+    # rank computes longer than the others all along (not a late batch's or jitter's).
     spread = compute_spread(details)
-    straggler = crit["barrier"] if spread > STRAGGLER_SPREAD else 0.0
-    excess_comm = max(0.0, crit["exposed_comm"] + crit["barrier"] - straggler - ideal)
+    straggler = lag if spread > STRAGGLER_SPREAD else 0.0
+    # The GPUs idle for the critical rank's waits, and the others for a straggler's lag too
+    # (in no rank's own parts: the critical rank computed through it).
+    idle = max(0.0, 1.0 - crit["compute"] + straggler)
+    excess_comm = max(0.0, crit["exposed_comm"] + crit["barrier"] - ideal)
     shared = shared_links(details)
     # The all-reduce beyond its ideal is the network's; whose traffic it met says whether
     # it was another job's.
@@ -325,8 +329,9 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
                        f"other traffic ({_other_kinds(shared[0])}) at "
                        f"{_pct(shared[0]['util'] or 0)}, {shared[0]['drops']} drops"
                        if shared and shared[0]["other_share"] > 0 else "")),
-        "straggler": (f"the last rank waited {_pct(crit['barrier'])} of the step at the "
-                      f"barrier; the slowest rank's compute is {spread:.2f}x the fastest's"),
+        "straggler": (f"the other GPUs waited {_pct(lag)} of the step for the last rank "
+                      f"to finish computing; the slowest rank's compute is {spread:.2f}x "
+                      f"the fastest's"),
     }
     causes = sorted(({"cause": c, "share_of_step": round(v, 4),
                       "share_of_idle": round(v / idle, 4) if idle else 0.0,

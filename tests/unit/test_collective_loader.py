@@ -165,3 +165,17 @@ def test_the_critical_rank_is_the_last_to_finish_computing():
                                                   "exposed_comm": 0.1667, "barrier": 0.0},
                                                  abs=1e-4)
     assert "(last rank to compute: data wait 67%, exposed comm 17%)" in gpuwait.line(gw)
+
+
+def test_the_others_wait_for_a_slow_ranks_compute_in_no_rank_of_its_own_parts():
+    """A rank that computes 0.3 s where the others compute 0.1 s: they wait for it inside
+    their all-reduce; it is the step's last to compute, its own parts show no wait, and the
+    lag (its compute less the median rank's) is the others' wait, a share of its step."""
+    fast = [rank_record(r, [(0.0, 0.1, 0.1, 0.0), (0.0, 0.1, 0.3, 0.0)], [False, False])
+            for r in range(2)]
+    slow = rank_record(2, [(0.0, 0.1, 0.1, 0.0), (0.0, 0.3, 0.1, 0.0)], [False, False])
+    gw = gpuwait.summary(gpuwait.rank_details([*fast, slow]))
+    assert gw["critical_share"]["exposed_comm"] == pytest.approx(0.25, abs=1e-4)
+    assert gw["compute_lag_share"] == pytest.approx(0.2 / 0.4, abs=1e-4)
+    same = gpuwait.summary(gpuwait.rank_details(fast))
+    assert same["compute_lag_share"] == 0.0

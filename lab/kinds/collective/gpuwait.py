@@ -15,6 +15,7 @@ Pure functions over the ranks' JSON, so the tests can check them without a netwo
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from lab.agents.loader import STEP_PARTS
@@ -80,6 +81,17 @@ def shares(rows: list[dict[str, Any]]) -> dict[str, float]:
             for p in PARTS}
 
 
+def measured_steps(ranks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Per measured step every rank recorded (with its compute's end), the ranks' parts of
+    it, in step order."""
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for rk in ranks:
+        for s in rk["steps"]:
+            if not s["warmup"] and s.get("t_compute_end") is not None:
+                by_step.setdefault(s["step"], []).append(s)
+    return [rows for _, rows in sorted(by_step.items()) if len(rows) == len(ranks)]
+
+
 def critical_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per measured step, the parts of the rank that was last to finish computing.
 
@@ -89,13 +101,26 @@ def critical_rows(ranks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     to join, so its exposed comm is the all-reduce's own and its data wait the one that
     held the step.
     """
-    by_step: dict[int, list[dict[str, Any]]] = {}
-    for rk in ranks:
-        for s in rk["steps"]:
-            if not s["warmup"] and s.get("t_compute_end") is not None:
-                by_step.setdefault(s["step"], []).append(s)
-    return [max(rows, key=lambda s: s["t_compute_end"]) for _, rows in sorted(by_step.items())
-            if len(rows) == len(ranks)]
+    return [_last_to_compute(rows) for rows in measured_steps(ranks)]
+
+
+def _last_to_compute(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return max(rows, key=lambda s: s["t_compute_end"])
+
+
+def compute_lag_share(ranks: list[dict[str, Any]]) -> float:
+    """How much longer each measured step's last rank to finish computing computed than
+    the step's median rank, summed, over that rank's step time: the share of the step the
+    other GPUs sat idle while the slowest still computed.
+
+    It is in no rank's own parts: the others wait for the slowest inside their all-reduce
+    (a ring's chunks, DDP's buckets, need its gradients), so it shows as their exposed comm,
+    and the slowest rank itself waits for no one."""
+    steps = [(_last_to_compute(rows), rows) for rows in measured_steps(ranks)]
+    total = sum(last["step_s"] for last, _ in steps)
+    lag = sum(max(0.0, last["compute_s"] - statistics.median(s["compute_s"] for s in rows))
+              for last, rows in steps)
+    return round(lag / total, 4) if total else 0.0
 
 
 def summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -105,7 +130,9 @@ def summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     time, so a long step counts as long as it was (as ``gpu_idle_fraction`` does); the GPU
     idles for every part but the compute. ``critical_share``: the same over each step's last
     rank to finish computing (:func:`critical_rows`), where exposed comm is the network's
-    alone. ``queue_empty_steps``: measured rank-steps whose ask found no batch ready.
+    alone; ``compute_lag_share``: how long the others waited for that rank's compute
+    (:func:`compute_lag_share`). ``queue_empty_steps``: measured rank-steps whose ask found
+    no batch ready.
     """
     rows = [s for rk in ranks for s in rk["steps"] if not s["warmup"]]
     share = shares(rows)
@@ -124,6 +151,7 @@ def summary(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     return {"rank_steps": len(rows), "share": share,
             "gpu_idle_share": round(1 - share["compute"], 4) if rows else 0.0,
             "critical_share": shares(critical_rows(ranks)),
+            "compute_lag_share": compute_lag_share(ranks),
             "queue_empty_steps": empty,
             "queue_empty_share": round(empty / len(rows), 4) if rows else 0.0,
             "max_residual": worst, "parts_add_up": worst <= ADD_UP_REL_TOL,

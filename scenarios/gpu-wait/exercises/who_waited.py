@@ -51,7 +51,9 @@ def causes(metrics: dict[str, Any], details: dict[str, Any],
     #          interface if its flows ran off the fabric.
     #       4. its exposed comm and barrier beyond the ideal: network, or other-job if the
     #          busiest link it shared carried mostly another job.
-    #       5. name each cause holding at least a tenth of the step.
+    #       5. how much longer it computed than the step's median rank (the others waited
+    #          for it): straggler, if one rank's mean compute is well over the fastest's.
+    #       6. name each cause holding at least a tenth of the step.
     return []
 
 

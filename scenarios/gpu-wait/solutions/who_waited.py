@@ -12,9 +12,11 @@
    the rest of its ideal is the ``placement``'s - or the ``interface``'s, when its
    connections ran off the fabric (their ``interface`` is not ``fabric``).
 4. Its exposed comm and barrier beyond the ideal are the ``network``'s - or ``other-job``'s,
-   when the busiest link it shared carried mostly another job's flows; the barrier is a
-   ``straggler``'s instead when one rank computes 1.2x longer than the fastest.
-5. Name a cause when it holds at least a tenth of the step, the largest first.
+   when the busiest link it shared carried mostly another job's flows.
+5. The other ranks waited, inside their all-reduce, for however much longer that rank
+   computed than the step's median rank: a ``straggler``'s, when one rank computes 1.2x
+   longer than the fastest all along.
+6. Name a cause when it holds at least a tenth of the step, the largest first.
 
 ``fabriclab diagnose`` does the same (lab/analysis/gpuwait.py) and says so with its evidence.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,17 +39,21 @@ PARTS = ("data_wait", "compute", "exposed_comm", "barrier")
 
 
 def critical_share(details: dict[str, Any]) -> dict[str, float]:
-    """Each part's share of the step of each measured step's last rank to finish computing."""
+    """Each part's share of the step of each measured step's last rank to finish computing,
+    and ``lag``: how much longer it computed than the step's median rank."""
     ranks = details["gpu_wait"]["ranks"]
     by_step: dict[int, list[dict[str, Any]]] = {}
     for rank in ranks:
         for s in rank["steps"]:
             if not s["warmup"] and s.get("t_compute_end") is not None:
                 by_step.setdefault(s["step"], []).append(s)
-    last = [max(rows, key=lambda s: s["t_compute_end"]) for rows in by_step.values()
-            if len(rows) == len(ranks)]
+    steps = [rows for rows in by_step.values() if len(rows) == len(ranks)]
+    last = [max(rows, key=lambda s: s["t_compute_end"]) for rows in steps]
     total = sum(s["step_s"] for s in last)
-    return {p: sum(s[f"{p}_s"] for s in last) / total if total else 0.0 for p in PARTS}
+    share = {p: sum(s[f"{p}_s"] for s in last) / total if total else 0.0 for p in PARTS}
+    lag = sum(max(0.0, s["compute_s"] - statistics.median(r["compute_s"] for r in rows))
+              for s, rows in zip(last, steps, strict=True))
+    return share | {"lag": lag / total if total else 0.0}
 
 
 def fetching_share(details: dict[str, Any]) -> float:
@@ -118,8 +125,8 @@ def causes(metrics: dict[str, Any], details: dict[str, Any],
     gap = max(0.0, min(crit["exposed_comm"], ideal) - placed)
     off_fabric = any(f.get("interface", "fabric") != "fabric" for f in details["flows"]
                      if f["kind"] == "allreduce")
-    straggler = crit["barrier"] if compute_spread(details) > 1.2 else 0.0
-    beyond = max(0.0, crit["exposed_comm"] + crit["barrier"] - straggler - ideal)
+    straggler = crit["lag"] if compute_spread(details) > 1.2 else 0.0
+    beyond = max(0.0, crit["exposed_comm"] + crit["barrier"] - ideal)
     other_job = busiest_other(details) == "other-job"
     shares = {"data": crit["data_wait"] * fetching,
               "cpu": crit["data_wait"] * (1.0 - fetching),
