@@ -63,6 +63,13 @@ OTHER_JOB_SLOWDOWN_MIN = 1.5
 #: 0.997x alone).
 JOB_AWARE_RECOVERS_MIN = 0.8
 
+#: The others' wait for the straggler's compute (100 ms more than their 100 ms), as a share
+#: of its step: 0.36 measured (279 ms steps); the old reading, its barrier, was 0.01.
+STRAGGLER_LAG_MIN = 0.25
+#: The others' exposed comm holds that wait: 177 ms against the straggler's own 76 ms
+#: (healthy: 77 ms on every rank).
+STRAGGLER_WAIT_MIN_S = 0.07
+
 #: What each phase injects (the grader's ground truth too): the diagnosis never sees it.
 INJECTED = who_waited.INJECTED
 
@@ -174,6 +181,26 @@ def test_the_diagnosis_names_the_injected_cause_from_measurements_alone(r: dict)
         assert r["diagnosis"]["gpu_wait"][name]["named"] == d["named"]
     healthy = got[s["alias"]["healthy"]]
     assert healthy["gpu_idle_share"] < HEALTHY_IDLE_OVER_IDEAL_MAX + healthy["ideal_comm_share"]
+
+
+def test_the_others_wait_for_a_slow_ranks_compute(r: dict) -> None:
+    """Rank 2 computes 200 ms a step where the others compute 100: it is the last to finish
+    computing at every measured step, its all-reduce waits for no one (a healthy one's
+    time), and the others wait for it inside theirs: the lag, in no rank's own parts."""
+    gw = phase(r, "straggler")["gpu_wait"]
+    ranks = r["phase_details"]["straggler"]["gpu_wait"]["ranks"]
+    crit = gpuwait.critical_rows(ranks)
+    slow = next(rk for rk in ranks if rk["rank"] == 2)["steps"]
+    assert crit and all(s in slow for s in crit)
+    assert gw["compute_lag_share"] > STRAGGLER_LAG_MIN, gw
+
+    def mean_exposed(rows: list[dict]) -> float:
+        return sum(s["exposed_comm_s"] for s in rows) / len(rows)
+
+    healthy = gpuwait.critical_rows(r["phase_details"]["healthy"]["gpu_wait"]["ranks"])
+    others = [s for rk in ranks if rk["rank"] != 2 for s in rk["steps"] if not s["warmup"]]
+    assert mean_exposed(crit) < 1.5 * mean_exposed(healthy), (crit, healthy)
+    assert mean_exposed(others) > mean_exposed(crit) + STRAGGLER_WAIT_MIN_S
 
 
 def test_a_topology_blind_placement_crosses_the_spines(r: dict) -> None:

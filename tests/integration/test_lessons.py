@@ -5,8 +5,8 @@ the exercises' own (lab/grade/exercises), the ones a student's `fabriclab grade`
 module asserts what they say, on real packets, and what the kept runs show besides.
 
 One batch of 15 files, shared by every test here: eight runs (two per policy exercise, one
-reference run per counter analysis, the streaming one on real media, gpu-wait's three
-phases about 21 s), 116 s on this 2-core machine (2026-12-05).
+reference run per counter analysis, the streaming one on real media, gpu-wait's eleven
+phases about 110 s), 199 s on this 2-core machine (2026-12-06).
 """
 
 from __future__ import annotations

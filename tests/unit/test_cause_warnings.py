@@ -33,6 +33,9 @@ def test_the_lessons_phases_can_each_produce_their_cause() -> None:
     (["topology.fabric_bw=50"],
      "warning: [placement] phases.placement.placement.hosts: the racks' uplinks (50 Mbit/s) "
      "are no slower than the hosts' links (50 Mbit/s)", 1),
+    (["phases.straggler.job.straggler_s=0.02"],
+     "warning: [straggler] phases.straggler.job.straggler_s: rank 2 computes 1.20x the "
+     "others' 100 ms, within the 1.2x a straggler is told from them by", 1),
     # with no loader, the data and mixed phases' slow storage links feed nothing either
     (["phases.healthy.storage.link_mbps=1", "loader.enabled=false"],
      "warning: [healthy] phases.healthy.storage.link_mbps: nothing reads from the storage "

@@ -23,7 +23,8 @@ from lab.grade.exercise import Exercise, Outcome
 #: scenario's integration test and a unit test (every phase of the scenario is here) use it.
 INJECTED: dict[str, list[str]] = {
     "healthy": [], "cpu": ["cpu"], "data": ["data"], "placement": ["placement"],
-    "network": ["network"], "wrong-nic": ["interface"], "racks": [],
+    "network": ["network"], "wrong-nic": ["interface"], "straggler": ["straggler"],
+    "racks": [],
     "two-jobs": ["other-job"], "job-aware": [], "mixed": ["data", "interface"]}
 
 

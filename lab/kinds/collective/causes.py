@@ -1,10 +1,11 @@
 """Settings that cannot make the GPUs wait the way they are set to: a warning each, before
 anything starts.
 
-A phase slows the storage rack, starves the loader of CPU or binds the ring to the
-management NICs to make the GPUs wait for that reason. Some values cannot: a storage link
-faster than every batch the GPUs can ask of it, loader workers that preprocess a batch
-within a step's compute, a management LAN no slower than the fabric. The run still goes
+A phase slows the storage rack, starves the loader of CPU, binds the ring to the
+management NICs or slows one rank to make the GPUs wait for that reason. Some values
+cannot: a storage link faster than every batch the GPUs can ask of it, loader workers that
+preprocess a batch within a step's compute, a management LAN no slower than the fabric, a
+slow rank whose compute is within the diagnosis's spread of the others'. The run still goes
 ahead (it shows what those values do), but the user learns before it starts, not from a
 diagnosis that names nothing, that the phase tests no cause. The bounds are the model's
 upper limits: what is warned about cannot happen; what is not warned about may still not.
@@ -36,7 +37,7 @@ def warnings(plan: Plan) -> list[str]:
         over = raw.get(name) or {}
         f = field_namer(name, over)
         for key, why in (*_data(pp), *_cpu(pp, over), *_interface(pp, topo_desc),
-                         *_placement(pp, over, topo_desc)):
+                         *_placement(pp, over, topo_desc), *_straggler(pp)):
             out.append(f"warning: [{name}] {f(key)}: {why}")
     return out
 
@@ -125,4 +126,20 @@ def _placement(pp: dict[str, Any], over: dict[str, Any],
         return [("placement.hosts", f"the racks' uplinks ({uplink_bw:g} Mbit/s) are no "
                  f"slower than the hosts' links ({host_bw:g} Mbit/s): crossing them costs "
                  "the ring nothing")]
+    return []
+
+
+def _straggler(pp: dict[str, Any]) -> list[tuple[str, str]]:
+    """A slow rank the diagnosis cannot tell from the others: its compute within
+    ``STRAGGLER_SPREAD`` of theirs."""
+    job = pp["job"]
+    if job["straggler_rank"] < 0 or not job["straggler_s"]:
+        return []
+    spread = (job["compute_s"] + job["straggler_s"]) / job["compute_s"] \
+        if job["compute_s"] > 0 else float("inf")
+    if spread <= gpuwait.STRAGGLER_SPREAD:
+        return [("job.straggler_s", f"rank {job['straggler_rank']} computes "
+                 f"{spread:.2f}x the others' {job['compute_s'] * 1000:g} ms, within the "
+                 f"{gpuwait.STRAGGLER_SPREAD:g}x a straggler is told from them by: the "
+                 "diagnosis will not name it")]
     return []
