@@ -24,8 +24,7 @@ from lab.grade.exercise import Exercise, Outcome
 INJECTED: dict[str, list[str]] = {
     "healthy": [], "cpu": ["cpu"], "data": ["data"], "placement": ["placement"],
     "network": ["network"], "wrong-nic": ["interface"], "straggler": ["straggler"],
-    "racks": [],
-    "two-jobs": ["other-job"], "job-aware": [], "mixed": ["data", "interface"]}
+    "racks": [], "two-jobs": ["other-job"], "job-aware": [], "mixed": ["data", "interface"]}
 
 
 def given(run_dir: Path, scratch: Path) -> Path:
