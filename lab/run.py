@@ -24,8 +24,8 @@ from lab import kinds
 from lab.analysis import partition
 from lab.kinds.base import ENVELOPE_KEYS, Kind, Plan, Progress
 from lab.machine import environment, state
+from lab.measure import headroom
 from lab.measure import live as measure_live
-from lab.measure import telemetry
 from lab.model import capacity, scenario
 from lab.model import cluster as cluster_model
 from lab.model.errors import MachineError
@@ -237,6 +237,7 @@ def execute(plan: Plan, out_dir: Path, progress: Progress = print,
                         cluster) as fabric:
         try:
             part = kind.run(plan, fabric, progress, prepared)
+            part.setdefault("fidelity", {})["cpu_control"] = fabric.cpu.describe()
         finally:
             keep_logs(fabric.run_dir, out_dir)
             kind.keep_logs(fabric.run_dir, out_dir)
@@ -257,8 +258,8 @@ def add_cluster(result: dict[str, Any], cluster: ClusterRun) -> None:
     result["cluster"] = cluster_section(cluster, result)
     bad = cluster.invalid_because() + [
         f"worker {name} CPU-bound: least idle second {f['cpu_idle_min_pct']:.0f}% "
-        f"(< {telemetry.MIN_CPU_IDLE_PCT:g}%)" for name, f in cluster.fidelity.items()
-        if float(f["cpu_idle_min_pct"] or 0.0) < telemetry.MIN_CPU_IDLE_PCT]
+        f"(< {headroom.MIN_CPU_IDLE_PCT:g}%)" for name, f in cluster.fidelity.items()
+        if float(f["cpu_idle_min_pct"] or 0.0) < headroom.MIN_CPU_IDLE_PCT]
     if bad:
         result["fidelity"]["valid"] = False
         result["fidelity"]["notes"].extend(bad)

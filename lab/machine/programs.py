@@ -33,9 +33,11 @@ def ready_timeout_s() -> float:
     return READY_TIMEOUT_S * (TCG_READY_FACTOR if tcg else 1.0)
 
 
-def spawn(fabric: Any, host: str, argv: list[str], log: Path, what: str) -> subprocess.Popen:
+def spawn(fabric: Any, host: str, argv: list[str], log: Path, what: str,
+          cls: str) -> subprocess.Popen:
     """Start ``argv`` in ``host``'s namespace, output to ``log``, its PID in the run record
-    (so an interrupted run kills exactly it).
+    (so an interrupted run kills exactly it), in CPU class ``cls``
+    (``lab.machine.cpuclass``: below the datapath).
 
     A host on another worker of a cluster writes its files where the head would, in the
     run's directory that worker keeps at the same path (:func:`lab.machine.remote.fetch`
@@ -48,7 +50,15 @@ def spawn(fabric: Any, host: str, argv: list[str], log: Path, what: str) -> subp
     out = open(log, "wb")  # noqa: SIM115 - the child owns it
     proc = fabric.host(host).popen(argv, stdout=out, stderr=subprocess.STDOUT)
     fabric.record.add_pid(proc.pid, what)
+    classify(fabric, host, proc.pid, cls)
     return proc
+
+
+def classify(fabric: Any, host: str, pid: int, cls: str) -> None:
+    """Put a program the lab started in ``host`` into CPU class ``cls`` (below the datapath);
+    a program on another worker of a cluster runs under that worker's scheduler."""
+    if not getattr(fabric.host(host), "isRemote", False):
+        fabric.cpu.add(pid, cls)
 
 
 def wait_ready(ready: list[Path], procs: list[Any],

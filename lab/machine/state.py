@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lab.machine import cpuclass
 from lab.model.errors import BusyError, MachineError
 
 STATE_DIR = Path(os.environ.get("FABRICLAB_STATE", "/run/fabriclab"))
@@ -118,6 +119,9 @@ class RunRecord:
     interfaces: list[str] = field(default_factory=list)
     pids: list[dict[str, object]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
+    #: CPU-controller groups the run made (``lab.machine.cpuclass``), removed after its
+    #: processes.
+    cgroups: list[str] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -299,6 +303,7 @@ def remove(record: RunRecord) -> dict[str, int]:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     if del_br is not None:
         del_br.wait()
+    cpuclass.remove_groups(record.cgroups)
     for p in record.paths:
         shutil.rmtree(p, ignore_errors=True)
     record.path.unlink(missing_ok=True)

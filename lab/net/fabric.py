@@ -18,7 +18,7 @@ from mininet.net import Mininet
 from mininet.node import OVSBridge, OVSSwitch, RemoteController
 
 from controllers import config
-from lab.machine import state
+from lab.machine import cpuclass, state
 from lab.machine.environment import Environment
 from lab.model.errors import MachineError
 from lab.model.flows import EPHEMERAL_SYSCTL, HOST_EPHEMERAL_PORTS
@@ -77,6 +77,8 @@ class Fabric:
         self.seed = seed
         self.run_dir = run_dir
         self.record = record
+        #: The CPU classes of what the run starts in hosts: below the datapath.
+        self.cpu = cpuclass.CpuClasses(record.run_id, record)
         self.net: Mininet | None = None
         self.controller: Controller | None = None
         self.timings: dict[str, float] = {}

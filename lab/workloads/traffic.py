@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab.machine import remote
+from lab.machine import programs, remote
 from lab.machine.programs import ready_timeout_s
 from lab.machine.state import RunRecord
 from lab.model.errors import MachineError
@@ -70,6 +70,7 @@ class FlowRunner:
             proc = host.popen(_iperf_server_cmd(flow, self.interval_s), stdout=out, stderr=out,
                               env=self.env)
             self.record.add_pid(proc.pid, f"iperf3 server {flow.id}")
+            programs.classify(self.fabric, flow.dst, proc.pid, "traffic")
             self.servers.append(proc)
         # A server is ready once its port listens in its host's namespace.
         deadline = time.monotonic() + timeout_s
@@ -95,6 +96,7 @@ class FlowRunner:
             proc = host.popen(_iperf_client_cmd(flow, duration_s), stdout=out, stderr=out,
                               env=self.env)
             self.record.add_pid(proc.pid, f"iperf3 client {flow.id}")
+            programs.classify(self.fabric, flow.src, proc.pid, "traffic")
             self.clients.append(proc)
         return t0
 

@@ -16,8 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import pytest
+
 from lab.analysis import diagnose
-from lab.machine import state
+from lab.machine import cpuclass, state
+from lab.measure import headroom
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "lab.cli"]
@@ -46,7 +49,11 @@ def lab_leftovers() -> dict[str, list]:
                 procs.append(int(entry.name))
     records = sorted(p.name for p in state.records_dir().glob("*.json")) \
         if state.records_dir().is_dir() else []
-    return {"interfaces": intfs, "bridges": bridges, "processes": procs, "records": records}
+    mech = cpuclass.mechanism()
+    groups = sorted(str(g) for base in {mech.cpu, mech.acct} if base is not None
+                    for g in base.glob("fabriclab-*"))
+    return {"interfaces": intfs, "bridges": bridges, "processes": procs, "records": records,
+            "cgroups": groups}
 
 
 def fabriclab(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
@@ -64,10 +71,63 @@ def result_of(out: Path) -> dict:
     return json.loads((out / "result.json").read_text())
 
 
-def run_to(out: Path, scenario: str, *args: str, timeout: float = 300) -> dict:
-    """`fabriclab run SCENARIO ARGS --out OUT` and its result.json (a module's one run)."""
-    fabriclab("run", scenario, *args, "--out", str(out), timeout=timeout)
-    return result_of(out)
+#: Runs a test makes of a scenario whose run was CPU-bound before it fails: an invalid run
+#: is a measurement that did not happen, so a test that needs a valid one runs it again, and
+#: a machine too loaded for the lab fails the test with the numbers rather than hide.
+VALID_TRIES = 3
+#: Every re-run of this session, one line each (tests/conftest.py prints them at the end).
+RERUNS: list[str] = []
+
+
+def cpu_bound(result: dict) -> list[str]:
+    """The phases of a run whose CPU numbers fail the lab's own rule
+    (``headroom.cpu_verdict``), one line each with the numbers; [] when none does. A run
+    invalid for another reason (a flow's error, lost bytes) is not CPU-bound: it is what
+    the test checks."""
+    fid = result["fidelity"]
+    out = []
+    for name, ph in (fid.get("phases") or {"run": fid}).items():
+        why = headroom.cpu_verdict(ph)
+        if why is not None:
+            out.append(f"{name}: {why}, datapath wait max {ph.get('datapath_wait_max_ms')} "
+                       f"ms/s, softirq max {ph.get('softirq_max_pct')} %")
+    for name, w in (fid.get("workers") or {}).items():
+        if float(w["cpu_idle_min_pct"] or 0.0) < headroom.MIN_CPU_IDLE_PCT:
+            out.append(f"worker {name}: least idle second {w['cpu_idle_min_pct']} %")
+    return out
+
+
+def valid_run(attempt: Callable[[int], dict], what: str, tries: int = VALID_TRIES) -> dict:
+    """``attempt(n)``'s result, run again (n = 1, 2, ...) while it was CPU-bound, at most
+    ``tries`` runs; each re-run printed and kept in ``RERUNS``. Fails with one line naming
+    the phases and their CPU numbers when no run was valid."""
+    for n in range(tries):
+        result = attempt(n)
+        bound = cpu_bound(result)
+        if not bound:
+            return result
+        line = f"{what}: run {n + 1} of {tries} CPU-bound: {'; '.join(bound)}"
+        RERUNS.append(line)
+        print(f"RE-RUN {line}", file=sys.__stderr__, flush=True)
+    pytest.fail(f"{what}: no valid run in {tries}: {'; '.join(bound)}", pytrace=False)
+
+
+def run_to(out: Path, scenario: str, *args: str, timeout: float = 300,
+           need_valid: bool = True) -> dict:
+    """`fabriclab run SCENARIO ARGS --out OUT` and its result.json (a module's one run).
+
+    ``need_valid``: the test reads numbers that mean something only on a valid run, so a
+    CPU-bound run is run again (``valid_run``); each earlier attempt is kept beside ``out``
+    (``OUT.cpu-bound-N``) to be looked at.
+    """
+    def attempt(n: int) -> dict:
+        if n:
+            out.rename(out.with_name(f"{out.name}.cpu-bound-{n}"))
+        fabriclab("run", scenario, *args, "--out", str(out), timeout=timeout)
+        return result_of(out)
+    if not need_valid:
+        return attempt(0)
+    return valid_run(attempt, " ".join(["fabriclab run", scenario, *args]))
 
 
 def run_scenario(tmp_path: Path, scenario: str, *args: str) -> dict:

@@ -47,6 +47,7 @@ def test_kill9_mid_traffic_then_clean(tmp_path):
     time.sleep(1.0)
     left = lab_leftovers()
     assert left["bridges"] and left["interfaces"] and left["processes"] and left["records"]
+    assert left["cgroups"], left      # the iperf3 programs' CPU class
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     print(f"left after kill -9: {({k: len(v) for k, v in left.items()})}")

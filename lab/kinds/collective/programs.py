@@ -46,8 +46,9 @@ class JobPrograms:
         return self.fabric.host(name)
 
 
-    def spawn(self, host: str, argv: list[str], log: Path, what: str) -> subprocess.Popen:
-        return programs.spawn(self.fabric, host, argv, log, what)
+    def spawn(self, host: str, argv: list[str], log: Path, what: str,
+              cls: str) -> subprocess.Popen:
+        return programs.spawn(self.fabric, host, argv, log, what, cls)
 
     def storage_classes(self, pp: dict[str, Any], hosts: list[str], on: bool) -> None:
         """Storage traffic in a low-priority class of each GPU host's NIC, or back to one FIFO.
@@ -128,7 +129,8 @@ class JobPrograms:
             procs.append(self.spawn(srv, [*agents.command("storage"), "serve",
                                           "--listen", f"{ips[srv]}:{planning.STORAGE_PORT}",
                                           "--out", str(work / f"storage-{srv}.json")],
-                                    work / f"storage-{srv}.log", f"storage server {srv}"))
+                                    work / f"storage-{srv}.log", f"storage server {srv}",
+                                    "storage"))
         for srv in pp["storage"]["hosts"]:
             self.wait_listening(srv, planning.STORAGE_PORT)
         return procs
@@ -154,7 +156,7 @@ class JobPrograms:
                 "--every-s", str(st["every_s"]), "--first-at-s", str(st["first_at_s"]),
                 "--duration-s", str(duration_s), "--out", str(work / f"client{r}.json"),
                 "--ready-file", str(work / f"client{r}.ready")],
-                work / f"client{r}.log", f"storage client {r}"))
+                work / f"client{r}.log", f"storage client {r}", "storage"))
         return clients, [work / f"client{r}.ready" for r in sorted(by_rank)]
 
     def wait_listening(self, host: str, port: int, timeout_s: float = 10.0) -> None:
@@ -189,7 +191,7 @@ class JobPrograms:
                     *sweep_args(job), *loader_args(pp, [c for c in lconns if c.rank == r]),
                     *liveview.live_file_args(work, r),
                     "--connect-timeout-s", "20", "--out", str(work / f"rank{r}.json")]
-            procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"ring rank {r}"))
+            procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"ring rank {r}", "ranks"))
         return procs
 
     def start_gloo(self, pp: dict[str, Any], hosts: list[str], work: Path,
@@ -224,7 +226,7 @@ class JobPrograms:
                     "--conns-out", str(work / f"rank{r}.conns.json"),
                     "--ready-file", str(work / f"rank{r}.ready"),
                     "--out", str(work / f"rank{r}.json")]
-            procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"{prog} rank {r}"))
+            procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"{prog} rank {r}", "ranks"))
         return (procs, [work / f"rank{r}.ready" for r in range(n)],
                 [work / f"rank{r}.conns.json" for r in range(n)])
 
@@ -238,7 +240,7 @@ class JobPrograms:
                                  "--senders", str(len(conns)), "--burst", str(burst),
                                  "--steps", str(job["steps"]), "--gap-s", str(job["compute_s"]),
                                  "--out", str(work / "sink.json")],
-                            work / "sink.log", "incast sink")]
+                            work / "sink.log", "incast sink", "ranks")]
         self.wait_listening(rx, planning.SINK_PORT)
         for c in conns:
             f = c.spec
@@ -246,7 +248,8 @@ class JobPrograms:
                                             f"{f.dst_ip}:{planning.SINK_PORT}", "--bind", f.src_ip,
                                             "--sport", str(f.sport), "--cc", job["cc"],
                                             "--out", str(work / f"{f.id}.json")],
-                                    work / f"{f.id}.log", f"incast sender {f.id}"))
+                                    work / f"{f.id}.log", f"incast sender {f.id}",
+                                    "ranks"))
         return procs
 
     def microbursts(self, pp: dict[str, Any], hosts: list[str], rx: str,
@@ -260,7 +263,7 @@ class JobPrograms:
                                "--bind", self.ips[rx], "--port", str(planning.BURST_PORT),
                                "--expect", str(expect), "--timeout-s", "6",
                                "--out", str(work / "burst-recv.json")],
-                          work / "burst-recv.log", "micro-burst receiver")
+                          work / "burst-recv.log", "micro-burst receiver", "traffic")
         time.sleep(0.3)
         procs = []
         # Far enough ahead for every sender to import scapy and build its frames.
@@ -275,7 +278,7 @@ class JobPrograms:
                 "--size", str(mb["size"]), "--ecn", "ect0", "--bursts", str(mb["bursts"]),
                 "--gap-s", "0.5", "--start-at", f"{start_at:.6f}",
                 "--out", str(work / f"burst-{h}.json")],
-                work / f"burst-{h}.log", f"micro-burst sender {h}"))
+                work / f"burst-{h}.log", f"micro-burst sender {h}", "traffic"))
         for p in procs:
             wait(p, 30)
         wait(recv, 15)

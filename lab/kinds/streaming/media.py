@@ -218,7 +218,7 @@ def start_servers(fabric: Any, servers: list[Server]) -> None:
         (s.dir / "hls").mkdir(exist_ok=True)
         (s.dir / "nginx.conf").write_text(s.conf())
         s.proc = programs.spawn(fabric, s.host, s.argv(), s.dir / "nginx.out",
-                                f"nginx-rtmp {s.role} {s.host}")
+                                f"nginx-rtmp {s.role} {s.host}", "media")
     deadline = time.monotonic() + START_TIMEOUT_S
     for s in servers:
         while not listening(fabric, s.host, s.ip, s.rtmp_port):

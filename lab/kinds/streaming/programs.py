@@ -90,7 +90,7 @@ class EdgePrograms:
                    "--timeout", f"{duration + programs.ready_timeout_s() + 25:g}",
                    "--ready-file", str(rf), "--out", str(work / f"{dst}.play.json")]
             procs.append(programs.spawn(self.fabric, dst, cmd, work / f"{dst}.play.log",
-                                        f"player {dst}"))
+                                        f"player {dst}", "players"))
             ready.append(rf)
         wait_ready(ready, procs, "players")
         return procs
@@ -108,7 +108,8 @@ class EdgePrograms:
             if s.proto == "tcp":
                 cmd += ["--cc", sp["cc"]]
             procs.append(programs.spawn(self.fabric, s.src, cmd,
-                                        work / f"{s.stream_id}.send.log", f"sender {s.id}"))
+                                        work / f"{s.stream_id}.send.log", f"sender {s.id}",
+                                        "traffic"))
         # Every stream of the phase starts at once, when all are connected.
         programs.go([work / f"{s.stream_id}.send.ready" for s in streams], procs)
         return procs
@@ -220,7 +221,8 @@ class EdgePrograms:
                                          f"'{h.sport} {h.sport}'")
                 t0, epoch = time.monotonic(), time.time()
                 proc = programs.spawn(self.fabric, at, argv,
-                                      work / f"{s.stream_id}.push.log", f"ffmpeg pusher {s.id}")
+                                      work / f"{s.stream_id}.push.log", f"ffmpeg pusher {s.id}",
+                                      "media")
                 procs.append(proc)
                 for h in hops:
                     media.wait_connection(self.fabric, h.src, (h.src_ip, h.sport),
@@ -248,7 +250,8 @@ class EdgePrograms:
                    "--ready-file", str(rf), "--out", str(work / f"{s.stream_id}.view.json"),
                    *self.live_file_args(work, s.stream_id, "view")]
             procs.append(programs.spawn(self.fabric, s.dst, cmd,
-                                        work / f"{s.stream_id}.view.log", f"viewer {s.id}"))
+                                        work / f"{s.stream_id}.view.log", f"viewer {s.id}",
+                                        "players"))
             ready.append(rf)
         wait_ready(ready, procs, "viewers")
         return procs
@@ -276,7 +279,8 @@ class EdgePrograms:
                        *self.live_file_args(work, s.stream_id, what)]
                 procs.append(programs.spawn(self.fabric, s.dst, cmd,
                                             work / f"{s.stream_id}.{what}.log",
-                                            f"viewer {what} {s.id}"))
+                                            f"viewer {what} {s.id}",
+                                            "browser" if agent == "hlsjsview" else "players"))
                 ready.append(rf)
         return procs, ready
 
