@@ -1,7 +1,7 @@
 """Where, on this machine, a run's numbers start to drift as CPU is taken away from it.
 
 ``fidelity.valid`` trusts a run whose least idle CPU second kept at least
-``telemetry.MIN_CPU_IDLE_PCT`` idle. This bench measures where that line belongs: it runs
+``headroom.MIN_CPU_IDLE_PCT`` idle. This bench measures where that line belongs: it runs
 the reference scenarios (``ecmp-basic --policy hash5 --seed 1 --duration 5`` and
 ``incast-ecn``) through the real CLI while a load of its own takes a duty cycle ``d`` of
 every core (one process pinned per core: busy ``d`` x 10 ms, asleep the rest), started

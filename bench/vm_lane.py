@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lab.measure import telemetry
+from lab.measure import headroom
 
 REPO = Path(__file__).resolve().parent.parent
 FABRICLAB = [sys.executable, "-m", "lab.cli"]
@@ -86,8 +86,8 @@ def main() -> int:
         res["image"]["cached_s"] = round(timed([*FABRICLAB, "vm", "build"])[0], 1)
         print(f"image, cached: {res['image']['cached_s']} s", flush=True)
         # The verdicts are the lab's own, against its line: say which line that was.
-        res["min_cpu_idle_pct"] = telemetry.MIN_CPU_IDLE_PCT
-        print(f"fidelity line: {telemetry.MIN_CPU_IDLE_PCT:g} % idle", flush=True)
+        res["min_cpu_idle_pct"] = headroom.MIN_CPU_IDLE_PCT
+        print(f"fidelity line: {headroom.MIN_CPU_IDLE_PCT:g} % idle", flush=True)
         for name, opts in SCENARIOS:
             out = {}
             for where, cmd in (("host", [*FABRICLAB, "run"]), ("vm", [*FABRICLAB, "vm", "run"])):

@@ -1,6 +1,7 @@
 """Shared test set-up: integration tests need root and a running Open vSwitch."""
 
 import os
+import sys
 
 import pytest
 
@@ -15,3 +16,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "integration" in item.nodeid.split("/"):
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The CPU-bound runs the integration tests ran again (``support.valid_run``): counted
+    in every summary, so a machine too loaded for the lab shows up even when the re-runs
+    passed."""
+    support = sys.modules.get("tests.integration.support")
+    reruns = support.RERUNS if support is not None else []
+    terminalreporter.section("re-runs of CPU-bound runs")
+    terminalreporter.write_line(f"{len(reruns)} re-run(s) of CPU-bound scenario runs")
+    for line in reruns:
+        terminalreporter.write_line(f"  {line}")

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from controllers import policies
 from lab.analysis import diagnose
 from lab.machine import environment
-from lab.measure import live, telemetry
+from lab.measure import headroom, live, telemetry
 from lab.model import scenario
 from lab.model.capacity import Expectation
 from lab.model.result import SCHEMA_VERSION
@@ -223,6 +223,12 @@ class PhaseCounts:
     valid: bool
     #: What ``phase_details`` keeps of the phase (its links and flows at least).
     details: dict[str, Any]
+    #: The datapath's waiting and the CPU classes over the phase (``telemetry.cpu_fields``).
+    cpu: dict[str, Any] = field(default_factory=dict)
+
+    def judged(self) -> dict[str, Any]:
+        """The phase's CPU numbers as a judged window has them."""
+        return {"cpu_idle_min_pct": self.cpu_idle_min_pct, **self.cpu}
 
 
 def phased_part(plan: Plan, phases: dict[str, PhaseCounts], main: str,
@@ -238,8 +244,9 @@ def phased_part(plan: Plan, phases: dict[str, PhaseCounts], main: str,
     """
     top = phases[main]
     notes = list(notes or [])
-    notes += [f"{n}: CPU-bound ({p.cpu_idle_min_pct:.0f}% idle)" for n, p in phases.items()
-              if p.cpu_idle_min_pct < telemetry.MIN_CPU_IDLE_PCT]
+    notes += [f"{n}: {why}" for n, p in phases.items()
+              if (why := headroom.cpu_verdict(p.judged())) is not None]
+    notes += [f"{n}: {s}" for n, p in phases.items() for s in headroom.starved_notes(p.judged())]
     part: dict[str, Any] = {
         "duration_s": top.duration_s, "phase": main, "links": top.links, "flows": top.flows,
         "metrics": metrics, "phase_details": {n: p.details for n, p in phases.items()},
@@ -247,6 +254,12 @@ def phased_part(plan: Plan, phases: dict[str, PhaseCounts], main: str,
             "cpu_idle_min_pct": min(p.cpu_idle_min_pct for p in phases.values()),
             "lab_cpu_pct": telemetry.worst_lab_cpu_pct(p.lab_cpu_pct for p in phases.values()),
             "valid": valid and all(p.valid for p in phases.values()),
+            "datapath_wait_max_ms": max((p.cpu.get("datapath_wait_max_ms", 0.0)
+                                         for p in phases.values()), default=0.0),
+            "phases": {n: {"valid": p.valid, "cpu_idle_min_pct": p.cpu_idle_min_pct,
+                           **{k: v for k, v in p.cpu.items()
+                              if k not in ("datapath_wait_ms", "softirq_pct")}}
+                       for n, p in phases.items()},
             "notes": notes, **(fidelity or {})},
     }
     part["fidelity"]["datapath_loss_bytes"] = diagnose.unexplained_loss(

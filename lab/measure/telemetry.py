@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lab.agents.common import process_cpu_ticks
-from lab.machine import remote
+from lab.machine import cpuclass, remote
 from lab.measure import live
+from lab.measure.headroom import DatapathThreads, proc_stat
 from lab.measure.netlink import LinkCounters, netlink
 
 
@@ -167,14 +168,6 @@ def local_drained_snapshot(ports: list[Port], timeout_s: float = 3.0,
     return prev
 
 
-def cpu_times() -> tuple[int, int]:
-    """(idle, total) jiffies over all CPUs, from /proc/stat."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return idle, sum(fields[:8])
-
-
 class HasProcess(Protocol):
     """A lab helper running as its own process (the controller)."""
 
@@ -211,12 +204,6 @@ class Series:
     queue_bytes: list[int] = field(default_factory=list)
 
 
-#: A window whose least idle second had less CPU to spare than this ran CPU-bound: its
-#: numbers describe the emulator, not the network, and are flagged invalid. Measured on the
-#: 2-core machine (bench/fidelity_threshold.py, docs/fidelity.md):
-#: throughput holds down to 6 % idle, but queue delay and step times drift at 22-24 % idle,
-#: so the line sits above the most idle drifted run (the first line, 10 %, was assumed).
-MIN_CPU_IDLE_PCT = 25.0
 #: Samples per second of a run's counters and queues.
 SAMPLE_HZ = 10.0
 
@@ -256,11 +243,21 @@ class Sampler(threading.Thread):
     the lab's own processes use (``controller``: the run's controller, if it has one)."""
 
     def __init__(self, ports: list[Port], hz: float = 10.0,
-                 controller: HasProcess | None = None) -> None:
+                 controller: HasProcess | None = None,
+                 classes: cpuclass.CpuClasses | None = None) -> None:
         super().__init__(daemon=True, name="fabriclab-sampler")
         self.ports = ports
         self.period = 1.0 / hz
         self.controller = controller
+        #: The run's CPU classes (``lab.machine.cpuclass``), whose CPU and waiting are read
+        #: once a second.
+        self.classes = classes
+        self.dp = DatapathThreads()
+        #: (time since t0, datapath threads' run-queue wait ns, softirq jiffies, total
+        #: jiffies) at every sample.
+        self.datapath: list[tuple[float, int, int, int]] = []
+        #: (time since t0, {class: CPU ns}, {class: run-queue wait ns}) once a second.
+        self.class_cpu: list[tuple[float, dict[str, int], dict[str, int]]] = []
         self.series: dict[Port, Series] = {p: Series() for p in ports}
         #: (time since t0, idle jiffies, total jiffies) at every sample.
         self.cpu: list[tuple[float, int, int]] = []
@@ -296,11 +293,21 @@ class Sampler(threading.Thread):
                                             for p in self.local if p.intf in sent})
         return {p: (sent.get(p.intf, 0), q.get(p.intf, (0, 0))[1]) for p in self.local}
 
+    def _cpu_sample(self, t: float, n: int) -> None:
+        """The machine's CPU, the datapath's waiting, the lab's own CPU at sample ``n``; the
+        classes' once a second (every ``1 / period`` samples: a class's threads are many)."""
+        idle, total, softirq = proc_stat()
+        self.cpu.append((t, idle, total))
+        self.datapath.append((t, self.dp.wait_ns(), softirq, total))
+        self.lab_cpu.append((t, lab_cpu_ticks(self.controller)))
+        if self.classes is not None and n % max(1, round(1.0 / self.period)) == 0:
+            self.class_cpu.append((t, self.classes.usage_ns(), self.classes.wait_ns()))
+
     def _sample(self, tx: TxBytes) -> None:
         prev = self._tick(tx)
         prev_t = self.t0
-        self.cpu.append((0.0, *cpu_times()))
-        self.lab_cpu.append((0.0, lab_cpu_ticks(self.controller)))
+        self._cpu_sample(0.0, 0)
+        n = 0
         next_t = self.t0 + self.period
         while not self._stop_evt.is_set():
             delay = next_t - time.monotonic()
@@ -316,8 +323,8 @@ class Sampler(threading.Thread):
                 s.tx_bps.append((cur[p][0] - prev[p][0]) * 8 / dt)
                 s.queue_bytes.append(cur[p][1])
             prev, prev_t = cur, now
-            self.cpu.append((now - self.t0, *cpu_times()))
-            self.lab_cpu.append((now - self.t0, lab_cpu_ticks(self.controller)))
+            n += 1
+            self._cpu_sample(now - self.t0, n)
 
     def cpu_idle_pct(self, t_from: float, t_to: float, window_s: float = 1.0,
                      cpu: list[tuple[float, int, int]] | None = None,
@@ -331,19 +338,55 @@ class Sampler(threading.Thread):
         priority, counted as idle (see :class:`SpareWork`).
         """
         out = []
-        pts = [c for c in (self.cpu if cpu is None else cpu)
-               if t_from - self.period <= c[0] <= t_to + self.period]
+        for a, b in self._seconds(self.cpu if cpu is None else cpu, t_from, t_to, window_s):
+            total = b[2] - a[2]
+            if total > 0:
+                given = spare_cpu_s(spare, a[0], b[0]) * CLOCK_TICKS
+                out.append(min(100.0, 100.0 * (b[1] - a[1] + given) / total))
+        return out
+
+    def _seconds(self, samples: Sequence[tuple[Any, ...]], t_from: float, t_to: float,
+                 window_s: float = 1.0) -> list[tuple[tuple[Any, ...], tuple[Any, ...]]]:
+        """(first, last) samples of consecutive ``window_s`` windows between two sample
+        times: the one cut of a phase into seconds that every per-second number uses. A
+        final window shorter than half a window is dropped as too noisy."""
+        pts = [c for c in samples if t_from - self.period <= c[0] <= t_to + self.period]
+        out = []
         i = 0
         while i < len(pts) - 1:
             j = i
             while j < len(pts) - 1 and pts[j][0] - pts[i][0] < window_s:
                 j += 1
-            span = pts[j][0] - pts[i][0]
-            total = pts[j][2] - pts[i][2]
-            if span >= window_s / 2 and total > 0:
-                given = spare_cpu_s(spare, pts[i][0], pts[j][0]) * CLOCK_TICKS
-                out.append(min(100.0, 100.0 * (pts[j][1] - pts[i][1] + given) / total))
+            if pts[j][0] - pts[i][0] >= window_s / 2:
+                out.append((pts[i], pts[j]))
             i = j
+        return out
+
+    def datapath_numbers(self, t_from: float, t_to: float) -> dict[str, Any]:
+        """The datapath's waiting per second of the window: its threads' run-queue wait in
+        ms per second (summed over threads: 100 means a tenth of a second of forwarding was
+        ready and had no CPU), and the share of all CPU time spent in softirq; each with its
+        worst second. Then each CPU class's CPU and waiting over the window, in % of one
+        core."""
+        wait, soft = [], []
+        for a, b in self._seconds(self.datapath, t_from, t_to):
+            span = max(b[0] - a[0], 1e-6)
+            wait.append(round((b[1] - a[1]) / 1e6 / span, 1))
+            soft.append(round(100.0 * (b[2] - a[2]) / max(b[3] - a[3], 1), 1))
+        out: dict[str, Any] = {
+            "datapath_wait_ms": wait, "datapath_wait_max_ms": max(wait, default=0.0),
+            "softirq_pct": soft, "softirq_max_pct": max(soft, default=0.0)}
+        pts = [c for c in self.class_cpu if t_from - 1.0 <= c[0] <= t_to + 1.0]
+        if self.classes is not None and len(pts) >= 2:
+            span = max(pts[-1][0] - pts[0][0], 1e-6)
+            classes = {}
+            for cls in pts[-1][1]:
+                used = pts[-1][1][cls] - pts[0][1].get(cls, 0)
+                waited = sum(max(0, b[2].get(cls, 0) - a[2].get(cls, 0))
+                             for a, b in itertools.pairwise(pts))
+                classes[cls] = {"cpu_pct": round(100.0 * used / 1e9 / span, 1),
+                                "wait_pct": round(100.0 * waited / 1e9 / span, 1)}
+            out["cpu_classes"] = classes
         return out
 
     def judge(self, t_counters: float, t_from: float, t_to: float,
@@ -356,7 +399,8 @@ class Sampler(threading.Thread):
         idle = [round(x, 1) for x in self.cpu_idle_pct(t_from, t_to, spare=spare)]
         judged = {"cpu_idle_pct": idle, "cpu_idle_min_pct": min(idle, default=100.0),
                   "lab_cpu_pct": self.lab_cpu_pct(t_from, t_to),
-                  "window_s": [round(t_from - t_counters, 3), round(t_to - t_counters, 3)]}
+                  "window_s": [round(t_from - t_counters, 3), round(t_to - t_counters, 3)],
+                  **self.datapath_numbers(t_from, t_to)}
         if spare:
             raw = self.cpu_idle_pct(t_from, t_to)
             judged["spare_work"] = {

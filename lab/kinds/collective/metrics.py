@@ -24,6 +24,7 @@ from lab.analysis import gpuwait as gpu_diagnosis
 from lab.kinds.base import PhaseCounts, Plan, phased_part
 from lab.kinds.collective import gpuwait
 from lab.kinds.collective.plan import phase_params
+from lab.measure import headroom
 from lab.model.stats import percentile
 
 
@@ -342,6 +343,7 @@ def assemble(plan: Plan, phases: dict[str, Any], loss: float,
         duration_s=p["duration_s"], links=p["links"], flows=p["flows"],
         cpu_idle_min_pct=p["metrics"]["cpu_idle_min_pct"],
         lab_cpu_pct=p["metrics"]["lab_cpu_pct"], valid=p["metrics"]["fidelity_valid"],
+        cpu=headroom.cpu_fields(p["metrics"]),
         details={k: p[k] for k in ("duration_s", "links", "flows", "cpu_idle_pct", "gpu_wait",
                                    "t_window_start")
                  if k in p})

@@ -18,7 +18,7 @@ from lab.kinds.collective import metrics as jm
 from lab.kinds.collective.plan import Conn
 from lab.kinds.collective.programs import load
 from lab.kinds.collective.setup import Phase
-from lab.measure import ecnwire, telemetry
+from lab.measure import ecnwire, headroom
 from lab.measure.result import flow_entries
 from lab.measure.window import Window
 
@@ -116,7 +116,8 @@ class JobReadout:
         metrics["fidelity_window_s"] = judged["window_s"]
         if "spare_work" in judged:
             metrics["spare_work"] = judged["spare_work"]
-        metrics["fidelity_valid"] = (metrics["cpu_idle_min_pct"] >= telemetry.MIN_CPU_IDLE_PCT
+        metrics.update(headroom.cpu_fields(judged))
+        metrics["fidelity_valid"] = (headroom.cpu_verdict(judged) is None
                                      and not any(o.get("error") for o in outputs))
         if d.capture is not None:
             metrics["wire"] = ecnwire.summarize(work / "receiver.pcap",

@@ -154,7 +154,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
         bridges = [s["name"] for s in self.topo["switches"]]
         ports = self.phase_ports(pp)
         sampler = telemetry.Sampler(ports, hz=float(pp["sample_hz"]),
-                                    controller=self.fabric.controller)
+                                    controller=self.fabric.controller, classes=self.fabric.cpu)
         d = Drive(Window(sampler, ports, bridges, name=name))
         watched_hosts = sorted({*ph.hosts, *pp["storage"]["hosts"]})
         procs: list[subprocess.Popen] = []

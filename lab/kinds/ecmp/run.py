@@ -10,7 +10,7 @@ from lab.analysis import diagnose
 from lab.kinds.base import Plan, Progress, bring_up
 from lab.kinds.ecmp import metrics
 from lab.machine.progress import Ticker
-from lab.measure import telemetry
+from lab.measure import headroom, telemetry
 from lab.measure.result import flow_entries
 from lab.measure.window import Window
 from lab.workloads import faults
@@ -45,7 +45,8 @@ def traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
     runner = FlowRunner(fabric, plan.flows, fabric.run_dir, fabric.record,
                         interval_s=faults.INTERVAL_S if planned_faults else None)
     ports = telemetry.fabric_ports(plan.topo_desc)
-    sampler = telemetry.Sampler(ports, hz=telemetry.SAMPLE_HZ, controller=fabric.controller)
+    sampler = telemetry.Sampler(ports, hz=telemetry.SAMPLE_HZ, controller=fabric.controller,
+                                classes=fabric.cpu)
     bridges = [s["name"] for s in plan.topo_desc["switches"]]
     window = Window(sampler, ports, bridges)
     injector = faults.Injector(planned_faults, fabric.controller, bridges)
@@ -107,10 +108,11 @@ def fidelity(plan: Plan, result: dict[str, Any], judged: dict[str, Any],
                      + "; ".join(f.label for f in planned_faults))
         notes += result["faults"]["errors"]
     idle_min = judged["cpu_idle_min_pct"]
-    valid = idle_min >= telemetry.MIN_CPU_IDLE_PCT
-    if not valid:
-        notes.append(f"CPU-bound: least idle second had {idle_min:.0f}% idle "
-                     f"(< {telemetry.MIN_CPU_IDLE_PCT:g}%); numbers describe the emulator")
+    bound = headroom.cpu_verdict(judged)
+    valid = bound is None
+    if bound is not None:
+        notes.append(f"{bound}; numbers describe the emulator")
+    notes += headroom.starved_notes(judged)
     if planned_faults and result["faults"]["errors"]:
         valid = False
     errors = [f"{f['id']}: {f['error']}" for f in result["flows"] if f.get("error")]
@@ -136,4 +138,5 @@ def fidelity(plan: Plan, result: dict[str, Any], judged: dict[str, Any],
                      + ", ".join(f"{k} {v} B" for k, v in unexplained.items()))
     return {"cpu_idle_min_pct": idle_min, "cpu_idle_pct": judged["cpu_idle_pct"],
             "valid": valid, "lab_cpu_pct": judged["lab_cpu_pct"],
-            "window_s": judged["window_s"], "notes": notes, "datapath_loss_bytes": unexplained}
+            "window_s": judged["window_s"], "notes": notes, "datapath_loss_bytes": unexplained,
+            **headroom.cpu_fields(judged)}

@@ -8,7 +8,7 @@ from typing import Any
 
 from lab.kinds.base import PhaseCounts, Plan, phased_part
 from lab.kinds.streaming.plan import Stream
-from lab.measure import telemetry
+from lab.measure import headroom
 from lab.measure.routerstats import RouterPort, Series
 from lab.model.flowpaths import path_from_counters
 from lab.net.edge import CORE
@@ -206,8 +206,9 @@ def phase_metrics(ph: dict[str, Any]) -> dict[str, Any]:
         "uplinks": {n: ln["util_mean"] for n, ln in uplinks.items()},
         "uplink_drops": {n: ln["drops"] for n, ln in uplinks.items()},
         "streams_lost_pct": round(100 * lost / expected, 3) if expected else 0.0,
-        "fidelity_valid": ph["cpu_idle_min_pct"] >= telemetry.MIN_CPU_IDLE_PCT
+        "fidelity_valid": headroom.cpu_verdict(ph) is None
         and all(f["received"] for f in flows),
+        **headroom.cpu_fields(ph),
         "fidelity_window_s": ph.get("fidelity_window_s"),
         "hottest_uplink": hot["name"] if hot else None,
         "hottest_util": hot["util_mean"] if hot else 0.0,
@@ -287,7 +288,8 @@ def assemble(plan: Plan, phases: dict[str, Any], bgp: dict[str, Any],
     counts = {n: PhaseCounts(duration_s=p["duration_s"], links=p["links"], flows=p["flows"],
                              cpu_idle_min_pct=p["cpu_idle_min_pct"],
                              lab_cpu_pct=p["lab_cpu_pct"],
-                             valid=metrics["phases"][n]["fidelity_valid"], details=p)
+                             valid=metrics["phases"][n]["fidelity_valid"], details=p,
+                             cpu=headroom.cpu_fields(p))
               for n, p in phases.items()}
     wan_fields, wan_note = wan_fidelity(float(plan.topo_desc["params"].get("wan_delay_ms", 0)),
                                         wan)

@@ -26,7 +26,7 @@ from lab.kinds.streaming.plan import ORIGIN_ROLES, Stream, phase_names
 from lab.kinds.streaming.programs import EdgePrograms
 from lab.kinds.streaming.setup import EdgeSetup
 from lab.machine.progress import Ticker
-from lab.measure import routerstats, telemetry
+from lab.measure import headroom, routerstats, telemetry
 from lab.measure.window import Window
 from lab.model.errors import MachineError
 from lab.model.flowpaths import adjacency, attachment
@@ -196,7 +196,8 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover, EdgeLiveView):
     def start_sampling(self) -> None:
         """Fabric ports and router ports, sampled on one clock for the whole run."""
         self.sampler = telemetry.Sampler(self.fports, hz=telemetry.SAMPLE_HZ,
-                                         controller=self.fabric.controller)
+                                         controller=self.fabric.controller,
+                                         classes=self.fabric.cpu)
         self.sampler.start()
         while not self.sampler.t0:        # t0 is set by the sampler thread itself
             time.sleep(0.005)
@@ -303,7 +304,8 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover, EdgeLiveView):
                 "programs_cpu": cpu,
                 "flows": flows, "events": events, "cpu_idle_pct": judged["cpu_idle_pct"],
                 "cpu_idle_min_pct": judged["cpu_idle_min_pct"],
-                "lab_cpu_pct": judged["lab_cpu_pct"], "fidelity_window_s": judged["window_s"]}
+                "lab_cpu_pct": judged["lab_cpu_pct"], "fidelity_window_s": judged["window_s"],
+                **headroom.cpu_fields(judged)}
 
     def watch(self, streams: list[Stream]) -> None:
         """Per-flow counters in the fabric for ``streams`` (their cookies replace what the
