@@ -34,6 +34,9 @@ from multiprocessing import Process
 from pathlib import Path
 from typing import Any
 
+from lab.machine import cpuclass
+from lab.measure import headroom
+
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "out"
 FABRICLAB = [sys.executable, "-m", "lab.cli"]
@@ -69,14 +72,37 @@ def _spin(core: int, duty: float) -> None:
             time.sleep(idle)
 
 
-def start_load(duty: float) -> list[Process]:
-    """One spinner per core (none at duty 0); stop them with ``stop_load``."""
+class LoadGroup:
+    """A CPU group at the weight of a run's programs (``cpuclass.LAB_SHARES``), for a load
+    that stands for the lab's own programs (a browser, ranks, loaders) rather than for
+    another user's: the datapath keeps its weight against it, as in a run."""
+
+    def __init__(self) -> None:
+        mech = cpuclass.mechanism()
+        if mech.cpu is None or mech.v2:
+            raise SystemExit("--class-steps needs cgroup v1's cpu controller")
+        self.path = mech.cpu / f"fabriclab-bench-load-{os.getpid()}"
+        self.path.mkdir(exist_ok=True)
+        (self.path / "cpu.shares").write_text(str(cpuclass.LAB_SHARES))
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def remove(self) -> None:
+        cpuclass.remove_groups([str(self.path)])
+
+
+def start_load(duty: float, group: LoadGroup | None = None) -> list[Process]:
+    """One spinner per core (none at duty 0), in ``group`` if given; stop them with
+    ``stop_load``."""
     if duty <= 0:
         return []
     procs = [Process(target=_spin, args=(core, duty), daemon=True)
              for core in sorted(os.sched_getaffinity(0))]
     for p in procs:
         p.start()
+        if group is not None and p.pid is not None:
+            group.add(p.pid)
     return procs
 
 
@@ -93,6 +119,7 @@ def ecmp_metrics(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One point: the run's idle and its ecmp headline numbers."""
     mt, fid = result["metrics"], result["fidelity"]
     return [{"x_idle_pct": fid["cpu_idle_min_pct"], "lab_cpu_pct": fid.get("lab_cpu_pct"),
+             **datapath(fid),
              "metrics": {"ecmp goodput Mbit/s": mt["aggregate_goodput_bps"] / 1e6,
                          "ecmp uplink drops": float(sum(mt["uplink_drops"].values())),
                          "ecmp imbalance": mt["imbalance"]}}]
@@ -107,7 +134,7 @@ def incast_metrics(result: dict[str, Any]) -> list[dict[str, Any]]:
         q = mt.get("queues", {}).get(INCAST_PORT, {})
         points.append({
             "phase": name, "x_idle_pct": mt["cpu_idle_min_pct"],
-            "lab_cpu_pct": mt.get("lab_cpu_pct"),
+            "lab_cpu_pct": mt.get("lab_cpu_pct"), **datapath(mt),
             "metrics": {f"incast {name} step p99 ms": mt["step_p99_s"] * 1000,
                         f"incast {name} step p50 ms": mt["step_p50_s"] * 1000,
                         f"incast {name} queue delay p99 ms": q.get("delay_ms", {}).get("p99"),
@@ -115,15 +142,25 @@ def incast_metrics(result: dict[str, Any]) -> list[dict[str, Any]]:
     return points
 
 
+def datapath(judged: dict[str, Any]) -> dict[str, Any]:
+    """A point's datapath numbers: its worst second's run-queue wait and softirq, and the
+    classes' CPU (None in a result written before the lab measured them)."""
+    return {"x_wait_ms": judged.get("datapath_wait_max_ms"),
+            "softirq_max_pct": judged.get("softirq_max_pct"),
+            "cpu_classes": judged.get("cpu_classes")}
+
+
 EXTRACT: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
     "ecmp-basic": ecmp_metrics, "incast-ecn": incast_metrics}
 
 
-def run_once(scenario: str, duty: float, tag: str) -> dict[str, Any]:
-    """One CLI run under the load; its points, or why there are none."""
+def run_once(scenario: str, duty: float, tag: str,
+             group: LoadGroup | None = None) -> dict[str, Any]:
+    """One CLI run under the load (in ``group``: at the lab's programs' weight); its points,
+    or why there are none."""
     out = OUT / "fidelity" / tag
     (out / "result.json").unlink(missing_ok=True)     # never read an older run's numbers
-    load = start_load(duty)
+    load = start_load(duty, group)
     t0 = time.monotonic()
     try:
         proc = subprocess.run([*FABRICLAB, "run", *SCENARIOS[scenario], "--out", str(out)],
@@ -135,6 +172,7 @@ def run_once(scenario: str, duty: float, tag: str) -> dict[str, Any]:
     finally:
         stop_load(load)
     row: dict[str, Any] = {"scenario": scenario, "duty": duty, "tag": tag,
+                           "load": "class" if group is not None and duty > 0 else "root",
                            "wall_s": round(time.monotonic() - t0, 1), "rc": rc}
     (OUT / "fidelity" / f"{tag}.log").write_text(log or "")
     if rc != 0 or not (out / "result.json").exists():
@@ -193,29 +231,48 @@ def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for name, v in pt["metrics"].items():
                 if v is not None:
                     series.setdefault(name, []).append(
-                        {"duty": row["duty"], "x": pt["x_idle_pct"], "value": v,
+                        {"duty": row["duty"], "load": row.get("load", "root"),
+                         "x": pt["x_idle_pct"], "wait": pt.get("x_wait_ms"), "value": v,
                          "tag": row["tag"]})
     out: dict[str, Any] = {}
     verdicts: list[tuple[float, bool]] = []
+    waits: list[tuple[float, bool]] = []
     for name, pts in series.items():
         base = [p["value"] for p in pts if p["duty"] == 0]
         if len(base) < 2:
             continue
         med, half = noise_band(base)
-        steps: dict[float, list[dict[str, Any]]] = {}
+        steps: dict[tuple[float, str], list[dict[str, Any]]] = {}
         for p in pts:
             p["drift"] = drift(p["value"], med)
             p["side"] = out_of_band(p["value"], med, half)
             p["out"] = p["side"] != 0
-            steps.setdefault(p["duty"], []).append(p)
-        drifted = sorted(d for d, ps in steps.items()
-                         if d > 0 and step_drifted([p["side"] for p in ps]))
-        for d, ps in steps.items():
-            verdicts += [(p["x"], d in drifted) for p in ps]
+            steps.setdefault((p["duty"], p["load"]), []).append(p)
+        drifted = sorted(k for k, ps in steps.items()
+                         if k[0] > 0 and step_drifted([p["side"] for p in ps]))
+        for k, ps in steps.items():
+            verdicts += [(p["x"], k in drifted) for p in ps]
+            waits += [(p["wait"], k in drifted) for p in ps if p["wait"] is not None]
         out[name] = {"median": med, "half_width": half,
                      "band_rel": half / abs(med) if med else None,
-                     "drifted_steps": drifted, "points": pts}
-    return {"metrics": out, "threshold_pct": threshold(verdicts)}
+                     "drifted_steps": [d for d, _ in drifted],
+                     "drifted": [list(k) for k in drifted], "points": pts}
+    return {"metrics": out, "threshold_pct": threshold(verdicts),
+            "wait_threshold_ms": wait_threshold(waits), "verdicts": verdicts,
+            "wait_verdicts": waits}
+
+
+def wait_threshold(points: list[tuple[float, bool]]) -> float | None:
+    """The datapath wait (ms per second, worst second) below which no run drifted: the
+    least waiting run of a drifted step (None if none drifted)."""
+    drifted = [w for w, d in points if d]
+    return min(drifted) if drifted else None
+
+
+def misjudged(points: list[tuple[float, bool]], ok: Callable[[float], bool]) -> tuple[int, int]:
+    """(drifted runs a rule calls valid, undrifted runs it calls invalid) of (x, drifted)."""
+    return (sum(1 for x, d in points if d and ok(x)),
+            sum(1 for x, d in points if not d and not ok(x)))
 
 
 # --- report --------------------------------------------------------------------------------
@@ -288,6 +345,17 @@ def summary(analysis: dict[str, Any]) -> str:
                      + (", ".join(steps) or "no step"))
     lines.append(f"threshold: no metric drifted above {analysis['threshold_pct']:.0f} % least "
                  "idle")
+    wt = analysis.get("wait_threshold_ms")
+    lines.append("datapath wait: " + ("no step drifted" if wt is None else
+                 f"no metric drifted below {wt:.0f} ms/s of the datapath's run-queue wait"))
+    idle_bad = misjudged(analysis["verdicts"], lambda x: x >= headroom.MIN_CPU_IDLE_PCT)
+    wait_bad = misjudged(analysis["wait_verdicts"],
+                         lambda w: w <= headroom.MAX_DATAPATH_WAIT_MS)
+    lines.append(f"idle line {headroom.MIN_CPU_IDLE_PCT:g} %: {idle_bad[0]} drifted points "
+                 f"valid, {idle_bad[1]} undrifted invalid (of {len(analysis['verdicts'])})")
+    lines.append(f"wait line {headroom.MAX_DATAPATH_WAIT_MS:g} ms/s: {wait_bad[0]} drifted "
+                 f"points valid, {wait_bad[1]} undrifted invalid "
+                 f"(of {len(analysis['wait_verdicts'])})")
     return "\n".join(lines)
 
 
@@ -313,6 +381,8 @@ def main() -> int:
     ap.add_argument("--baseline", type=int, default=3, help="unloaded runs (noise band)")
     ap.add_argument("--budget-s", type=float, default=780.0,
                     help="after one pass, repeat loaded steps until this much wall has gone")
+    ap.add_argument("--class-steps", type=float, nargs="*", default=[],
+                    help="loaded steps run again with the load at the lab's programs' weight")
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     ap.add_argument("--json", default=str(OUT / "fidelity_threshold.json"))
     ap.add_argument("--png", default=str(OUT / "fidelity_threshold.png"))
@@ -324,6 +394,7 @@ def main() -> int:
     if args.baseline < 2:
         print("--baseline: at least 2 unloaded runs make a noise band", file=sys.stderr)
         return 2
+    group = LoadGroup() if args.class_steps and not args.replot else None
     if args.replot:
         rows = json.loads(Path(args.replot).read_text())["rows"]
     else:
@@ -342,10 +413,20 @@ def main() -> int:
                     print(f"{tag}: rc {row['rc']} wall {row['wall_s']} s, idle min "
                           f"{row.get('cpu_idle_min_pct')} %, lab {row.get('lab_cpu_pct')} %,"
                           f" valid {row.get('valid')} {row.get('why', '')}", flush=True)
+                    if duty not in args.class_steps or passes:
+                        continue
+                    tag = f"{scen}-c{duty:g}-p{passes}-{i}"
+                    row = run_once(scen, duty, tag, group)
+                    rows.append(row)
+                    print(f"{tag}: rc {row['rc']} wall {row['wall_s']} s, idle min "
+                          f"{row.get('cpu_idle_min_pct')} %, lab {row.get('lab_cpu_pct')} %,"
+                          f" valid {row.get('valid')} {row.get('why', '')}", flush=True)
             passes += 1
             seq = [d for d in args.steps if d > 0]
             if time.monotonic() - t0 > args.budget_s:
                 break
+    if group is not None:
+        group.remove()
     analysis = analyse(rows)
     Path(args.json).write_text(json.dumps({
         "scenarios": SCENARIOS, "period_s": PERIOD_S, "band_factor": BAND_FACTOR,

@@ -54,3 +54,31 @@ def test_analyse_uses_only_unloaded_runs_for_the_band() -> None:
 
 def test_unloaded_runs_are_spread_over_the_sweep() -> None:
     assert ft.order([0, 0.2, 0.4, 0.6, 0.9], 3) == [0, 0.2, 0.4, 0, 0.6, 0.9, 0]
+
+
+def test_the_wait_line_is_the_least_waiting_run_that_drifted() -> None:
+    assert ft.wait_threshold([(20.0, False), (310.0, True), (150.0, True), (90.0, False)]) \
+        == 150.0
+    assert ft.wait_threshold([(20.0, False)]) is None
+
+
+def test_a_rule_is_scored_by_the_runs_it_misjudges() -> None:
+    pts = [(10.0, True), (30.0, True), (40.0, False), (20.0, False)]
+    # valid from 25: one drifted run called valid (30), one undrifted called invalid (20)
+    assert ft.misjudged(pts, lambda x: x >= 25) == (1, 1)
+    assert ft.misjudged(pts, lambda x: x >= 35) == (0, 1)
+
+
+def test_a_class_load_is_its_own_step() -> None:
+    """The same duty cycle at the lab's programs' weight drifts (or not) on its own."""
+    def row(duty: float, load: str, x: float, w: float, v: float) -> dict:
+        return {"duty": duty, "load": load, "tag": f"{load}{duty}", "points": [
+            {"x_idle_pct": x, "x_wait_ms": w, "lab_cpu_pct": 5.0, "metrics": {"m": v}}]}
+    rows = [row(0, "root", 70, 20, 10.0), row(0, "root", 72, 25, 10.2),
+            row(0, "root", 69, 22, 9.9),
+            row(0.9, "root", 3, 400, 14.0), row(0.9, "root", 5, 380, 13.0),
+            row(0.9, "class", 4, 30, 10.1), row(0.9, "class", 6, 28, 9.95)]
+    a = ft.analyse(rows)
+    assert a["metrics"]["m"]["drifted"] == [[0.9, "root"]]
+    assert a["threshold_pct"] == 5
+    assert a["wait_threshold_ms"] == 380
