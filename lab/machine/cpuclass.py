@@ -189,17 +189,18 @@ class CpuClasses:
                                     / "cpuacct.usage").read_text())
         return out
 
-    def wait_ns(self) -> dict[str, int]:
-        """{class: run-queue wait so far, summed over its live threads}. A thread that has
-        exited takes its wait with it: what a class waited is read every second and summed
-        from differences, so at most its last second is lost."""
+    def waiting(self) -> dict[str, tuple[int, int]]:
+        """{class: (run-queue wait so far summed over its live threads, how many threads)}.
+        A thread that has exited takes its wait with it: what a class waited is read every
+        second and summed from differences, so at most its last second is lost."""
         out = {}
         for cls, group in self.made.items():
             try:
                 tids = (group / ("cgroup.threads" if self.mech.v2 else "tasks")).read_text()
             except OSError:
                 continue
-            out[cls] = thread_wait_ns([f"/proc/{t}/schedstat" for t in tids.split()])
+            paths = [f"/proc/{t}/schedstat" for t in tids.split()]
+            out[cls] = (thread_wait_ns(paths), len(paths))
         return out
 
     def describe(self) -> dict[str, object]:

@@ -136,7 +136,7 @@ class AgentSession:
         if req.get("settled"):
             got = telemetry.settled_flow_counters(bridges)
         else:
-            got = {br: telemetry.flow_counters(br) for br in bridges}
+            got = telemetry.flow_counters(bridges)
         return {"flows": {br: {str(c): v for c, v in d.items()} for br, d in got.items()}}
 
     def do_sample_start(self, req: dict[str, Any]) -> dict[str, Any]:

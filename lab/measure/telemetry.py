@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from lab.agents.common import process_cpu_ticks
 from lab.machine import cpuclass, remote
-from lab.measure import live
+from lab.measure import live, ofstats
 from lab.measure.headroom import DatapathThreads, proc_stat
 from lab.measure.netlink import LinkCounters, netlink
 
@@ -256,8 +256,9 @@ class Sampler(threading.Thread):
         #: (time since t0, datapath threads' run-queue wait ns, softirq jiffies, total
         #: jiffies) at every sample.
         self.datapath: list[tuple[float, int, int, int]] = []
-        #: (time since t0, {class: CPU ns}, {class: run-queue wait ns}) once a second.
-        self.class_cpu: list[tuple[float, dict[str, int], dict[str, int]]] = []
+        #: (time since t0, {class: CPU ns}, {class: (run-queue wait ns, threads)}) once a
+        #: second.
+        self.class_cpu: list[tuple[float, dict[str, int], dict[str, tuple[int, int]]]] = []
         self.series: dict[Port, Series] = {p: Series() for p in ports}
         #: (time since t0, idle jiffies, total jiffies) at every sample.
         self.cpu: list[tuple[float, int, int]] = []
@@ -301,7 +302,7 @@ class Sampler(threading.Thread):
         self.datapath.append((t, self.dp.wait_ns(), softirq, total))
         self.lab_cpu.append((t, lab_cpu_ticks(self.controller)))
         if self.classes is not None and n % max(1, round(1.0 / self.period)) == 0:
-            self.class_cpu.append((t, self.classes.usage_ns(), self.classes.wait_ns()))
+            self.class_cpu.append((t, self.classes.usage_ns(), self.classes.waiting()))
 
     def _sample(self, tx: TxBytes) -> None:
         prev = self._tick(tx)
@@ -382,10 +383,12 @@ class Sampler(threading.Thread):
             classes = {}
             for cls in pts[-1][1]:
                 used = pts[-1][1][cls] - pts[0][1].get(cls, 0)
-                waited = sum(max(0, b[2].get(cls, 0) - a[2].get(cls, 0))
+                waited = sum(max(0, b[2].get(cls, (0, 0))[0] - a[2].get(cls, (0, 0))[0])
                              for a, b in itertools.pairwise(pts))
+                threads = max(p[2].get(cls, (0, 0))[1] for p in pts)
                 classes[cls] = {"cpu_pct": round(100.0 * used / 1e9 / span, 1),
-                                "wait_pct": round(100.0 * waited / 1e9 / span, 1)}
+                                "wait_pct": round(100.0 * waited / 1e9 / span, 1),
+                                "threads": threads}
             out["cpu_classes"] = classes
         return out
 
@@ -497,40 +500,25 @@ def mgmt_ports(topo_desc: dict) -> list[Port]:
     return sorted(ports, key=lambda p: (p.node, p.port))
 
 
-def flow_counters(bridge: str) -> dict[int, tuple[int, int]]:
-    """{cookie: (packets, bytes)} of the per-flow counter entries in table 0 of ``bridge``.
+def flow_counters(bridges: list[str]) -> dict[str, dict[int, tuple[int, int]]]:
+    """{bridge: {cookie: (packets, bytes)}} of the per-flow counter entries in table 0 of
+    every bridge, read now (each worker's bridges where they run).
 
-    Read with ``ovs-ofctl``: these are the switch's own counters for exactly the packets
-    that matched the flow's 5-tuple there (on the worker the switch runs on).
+    These are the switch's own counters for exactly the packets that matched the flow's
+    5-tuple there. All of a machine's bridges are asked at once (``ofstats``): one
+    ``ovs-ofctl`` per bridge kept ``ovs-vswitchd`` busy for a core at k=8.
     """
-    placement = remote.current()
-    agent = placement.agent_of(bridge) if placement else None
-    if agent is not None:
-        return _remote_flows(agent, [bridge], settled=False)[bridge]
-    return local_flow_counters(bridge)
+    out: dict[str, dict[int, tuple[int, int]]] = {}
+    for agent, mine in remote.by_agent(bridges, str).items():
+        out.update(ofstats.table0_counters(mine) if agent is None
+                   else _remote_flows(agent, mine, settled=False))
+    return out
 
 
 def _remote_flows(agent: remote.Agent, bridges: list[str],
                   settled: bool) -> dict[str, dict[int, tuple[int, int]]]:
     got = agent.request("flows", bridges=bridges, settled=settled)["flows"]
     return {br: {int(c): (int(v[0]), int(v[1])) for c, v in got[br].items()} for br in bridges}
-
-
-def local_flow_counters(bridge: str) -> dict[int, tuple[int, int]]:
-    """:func:`flow_counters` of a bridge on this machine."""
-    out = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", bridge, "table=0"],
-                         capture_output=True, text=True)
-    counters: dict[int, tuple[int, int]] = {}
-    for line in out.stdout.splitlines():
-        line = line.strip()
-        if not line.startswith("cookie="):
-            continue
-        fields = dict(kv.split("=", 1) for kv in line.split(", ") if "=" in kv)
-        cookie = int(fields["cookie"], 16)
-        if cookie == 0:
-            continue
-        counters[cookie] = (int(fields.get("n_packets", 0)), int(fields.get("n_bytes", 0)))
-    return counters
 
 
 def settled_flow_counters(bridges: list[str], quiet_s: float = 0.6,
@@ -551,11 +539,11 @@ def settled_flow_counters(bridges: list[str], quiet_s: float = 0.6,
 
 def _local_settled(bridges: list[str], quiet_s: float,
                    timeout_s: float) -> dict[str, dict[int, tuple[int, int]]]:
-    prev = {br: local_flow_counters(br) for br in bridges}
+    prev = ofstats.table0_counters(bridges)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(quiet_s)
-        cur = {br: local_flow_counters(br) for br in bridges}
+        cur = ofstats.table0_counters(bridges)
         if cur == prev:
             return cur
         prev = cur

@@ -39,7 +39,7 @@ class Window:
     def open(self) -> None:
         """Read every counter before the traffic starts."""
         self.before = telemetry.snapshot(self.ports)
-        self.flows0 = {br: telemetry.flow_counters(br) for br in self.bridges}
+        self.flows0 = telemetry.flow_counters(self.bridges)
         self.t_start = time.monotonic() - self.sampler.t0
         live.set_phase(self.name)
 

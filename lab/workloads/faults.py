@@ -211,7 +211,8 @@ def flow_tables(bridges: list[str]) -> dict[str, list[str]]:
 
 def watch_bytes(bridges: list[str]) -> dict[str, dict[int, int]]:
     from lab.measure import telemetry
-    return {br: {c: v[1] for c, v in telemetry.flow_counters(br).items()} for br in bridges}
+    return {br: {c: v[1] for c, v in got.items()}
+            for br, got in telemetry.flow_counters(bridges).items()}
 
 
 @dataclass(eq=False)                  # threads are dict keys inside threading

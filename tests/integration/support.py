@@ -292,7 +292,7 @@ def spine_bytes_on_one_pair(policy: str, flows: list[tuple[int, int, int]],
         assert proc.wait(timeout=timeout) == 0
         decisions = fabric.controller.request({"cmd": "status"})["decisions"] - before
         spines = [s["name"] for s in plan.topo_desc["switches"] if s["role"] == "spine"]
-        counters = {sw: telemetry.flow_counters(sw) for sw in spines}
+        counters = telemetry.flow_counters(spines)
     return ({c: {sw: counters[sw].get(c, (0, 0))[1] for sw in spines} for c, _, _ in flows},
             decisions)
 
