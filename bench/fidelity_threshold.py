@@ -73,17 +73,17 @@ def _spin(core: int, duty: float) -> None:
 
 
 class LoadGroup:
-    """A CPU group at the weight of a run's programs (``cpuclass.LAB_SHARES``), for a load
-    that stands for the lab's own programs (a browser, ranks, loaders) rather than for
-    another user's: the datapath keeps its weight against it, as in a run."""
+    """A CPU group weighed as a run's programs are (``cpuclass.weigh_run_group``), for a
+    load that stands for the lab's own programs (a browser, ranks, loaders) rather than for
+    another user's: the datapath keeps its priority over it, as in a run."""
 
     def __init__(self) -> None:
         mech = cpuclass.mechanism()
-        if mech.cpu is None or mech.v2:
-            raise SystemExit("--class-steps needs cgroup v1's cpu controller")
+        if mech.cpu is None:
+            raise SystemExit("--class-steps needs a CPU controller")
         self.path = mech.cpu / f"fabriclab-bench-load-{os.getpid()}"
         self.path.mkdir(exist_ok=True)
-        (self.path / "cpu.shares").write_text(str(cpuclass.LAB_SHARES))
+        self.weight = cpuclass.weigh_run_group(self.path, mech)
 
     def add(self, pid: int) -> None:
         (self.path / "cgroup.procs").write_text(str(pid))

@@ -37,8 +37,10 @@ def _print_summary(out_dir: Path, result: dict) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
-    print(f"  {'fidelity':<{width}}  {'valid' if fid['valid'] else 'INVALID'} "
-          f"(min CPU idle {fid['cpu_idle_min_pct']:.0f}%)"
+    wait = fid.get("datapath_wait_max_ms")
+    print(f"  {'fidelity':<{width}}  {'valid' if fid['valid'] else 'INVALID'} ("
+          + (f"datapath wait max {wait:.0f} ms/s, " if wait is not None else "")
+          + f"min CPU idle {fid['cpu_idle_min_pct']:.0f}%)"
           + "".join(f"\n  {'':<{width}}  note: {n}" for n in fid["notes"]))
     print(f"  {'result':<{width}}  {out_dir / 'result.json'}")
 

@@ -32,7 +32,9 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: A nice-0 task's weight in cgroup v1's ``cpu.shares`` (cgroup v2's ``cpu.weight``: 100).
 NICE0_SHARES = 1024
 #: The weight of all the programs of a run together, against one of the datapath's threads
-#: (a nice-0 task): a quarter.
+#: (a nice-0 task), where the kernel has no idle groups: a quarter. Measured (2 cores, a load
+#: at this weight standing for the lab's programs, bench/fidelity_threshold.py): the
+#: datapath still waited 90-260 ms a second for a CPU, against 22-42 unloaded.
 LAB_SHARES = 256
 #: The classes and their weights relative to each other inside the run's group. The
 #: offered load and the collective ranks first: their starving changes the traffic itself.
@@ -117,6 +119,8 @@ class CpuClasses:
         self.record = record
         self.name = f"fabriclab-{run_id}"
         self.made: dict[str, Path] = {}
+        #: How the run's group is weighed against the datapath (``weigh_run_group``).
+        self.run_weight = ""
         #: Classes whose group could not be made or joined, with the kernel's reason.
         self.errors: dict[str, str] = {}
 
@@ -139,7 +143,7 @@ class CpuClasses:
             for p in new:
                 p.mkdir()
             if top in new:
-                self._weigh(top, LAB_SHARES)
+                self.run_weight = weigh_run_group(top, self.mech)
                 if self.mech.v2:
                     (top / "cgroup.subtree_control").write_text("+cpu")
             self._weigh(self._group(self.mech.cpu, cls), CLASS_SHARES[cls])
@@ -207,11 +211,28 @@ class CpuClasses:
         """What a result says of the classes: the mechanism and the weights in force."""
         out: dict[str, object] = {
             "mechanism": self.mech.name,
-            "lab_shares": LAB_SHARES, "nice0_shares": NICE0_SHARES,
+            "run_group": self.run_weight, "nice0_shares": NICE0_SHARES,
             "class_shares": {c: CLASS_SHARES[c] for c in self.made}}
         if self.errors:
             out["errors"] = dict(self.errors)
         return out
+
+
+def weigh_run_group(group: Path, mech: Mechanism) -> str:
+    """Put a run's group below every nice-0 task, the datapath's threads among them; says
+    how: ``idle`` (the kernel's ``cpu.idle``: the group's tasks run only on a CPU no normal
+    task wants, and a waking normal task preempts them at once, as ``SCHED_IDLE`` does for
+    one task) where the kernel has it, else ``shares N`` (a weight, a quarter of a nice-0
+    task's: it lowers the group's share, not how long a waking datapath thread waits).
+    Inside the group, the classes still share by their weights."""
+    if (group / "cpu.idle").exists():
+        (group / "cpu.idle").write_text("1")
+        return "idle"
+    if mech.v2:
+        (group / "cpu.weight").write_text(str(v2_weight(LAB_SHARES)))
+    else:
+        (group / "cpu.shares").write_text(str(LAB_SHARES))
+    return f"shares {LAB_SHARES}"
 
 
 def remove_groups(paths: list[str]) -> None:

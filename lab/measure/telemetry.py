@@ -374,6 +374,8 @@ class Sampler(threading.Thread):
             span = max(b[0] - a[0], 1e-6)
             wait.append(round((b[1] - a[1]) / 1e6 / span, 1))
             soft.append(round(100.0 * (b[2] - a[2]) / max(b[3] - a[3], 1), 1))
+        if self.dp.vswitchd is None:        # no datapath seen: its waiting is unknown
+            wait = []
         out: dict[str, Any] = {
             "datapath_wait_ms": wait, "datapath_wait_max_ms": max(wait, default=0.0),
             "softirq_pct": soft, "softirq_max_pct": max(soft, default=0.0)}

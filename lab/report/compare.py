@@ -50,7 +50,8 @@ def _totals(result: dict[str, Any]) -> list[tuple[str, Any]]:
         ]
     fid = dict_of(result.get("fidelity"))
     rows += [("fidelity.valid", fid.get("valid")),
-             ("fidelity.cpu_idle_min_pct", fid.get("cpu_idle_min_pct"))]
+             ("fidelity.cpu_idle_min_pct", fid.get("cpu_idle_min_pct")),
+             ("fidelity.datapath_wait_max_ms", fid.get("datapath_wait_max_ms"))]
     return rows
 
 
@@ -144,7 +145,7 @@ def compare_html(ra: dict[str, Any], rb: dict[str, Any], dir_a: Path, dir_b: Pat
     env_pairs = [(k, format_value(k, env_a.get(k)), format_value(k, env_b.get(k)))
                  for k in dict.fromkeys([*env_a, *env_b])]
     fa, fb = dict_of(ra.get("fidelity")), dict_of(rb.get("fidelity"))
-    for key in ("valid", "cpu_idle_min_pct"):
+    for key in ("valid", "cpu_idle_min_pct", "datapath_wait_max_ms"):
         env_pairs.append((f"fidelity.{key}", format_value(key, fa.get(key)),
                          format_value(key, fb.get(key))))
     rows = compare_rows(ra, rb)

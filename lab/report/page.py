@@ -29,7 +29,7 @@ def _fidelity_html(result: dict[str, Any]) -> str:
     valid = fid.get("valid")
     verdict = ("<p class='ok'>valid: the emulator kept up, the numbers describe the "
                "network</p>" if valid else
-               "<p class='bad'>NOT valid: the CPU ran out, the numbers describe the "
+               "<p class='bad'>NOT valid (the notes say why): the numbers describe the "
                "emulator, not the network</p>" if valid is False else
                "<p class='muted'>no fidelity verdict in this result</p>")
     notes = fid.get("notes") or []

@@ -64,6 +64,6 @@ def test_fidelity_judged_by_the_rule_with_the_labs_own_cpu_recorded(result: dict
     assert len(fid["cpu_idle_pct"]) >= DURATION_S - 1, fid
     assert fid["cpu_idle_min_pct"] == min(fid["cpu_idle_pct"]), fid
     # Every flow ran on one clean path (the first test), so the CPU alone decides.
-    cpu_bound = fid["cpu_idle_min_pct"] < headroom.MIN_CPU_IDLE_PCT
+    cpu_bound = headroom.cpu_verdict(fid) is not None
     assert fid["valid"] is not cpu_bound, fid
     assert cpu_bound == any(n.startswith("CPU-bound") for n in fid["notes"]), fid

@@ -64,11 +64,26 @@ def test_the_softirq_threads_are_the_kernels_own() -> None:
 @pytest.mark.parametrize(("idle", "bound"), [(headroom.MIN_CPU_IDLE_PCT, False),
                                             (headroom.MIN_CPU_IDLE_PCT - 0.1, True),
                                             (100.0, False), (0.0, True)])
-def test_the_verdict_is_the_idle_line(idle: float, bound: bool) -> None:
-    why = headroom.cpu_verdict({"cpu_idle_min_pct": idle})
+def test_without_the_datapaths_waiting_the_verdict_is_the_idle_line(idle: float,
+                                                                     bound: bool) -> None:
+    why = headroom.cpu_verdict({"cpu_idle_min_pct": idle, "datapath_wait_ms": []})
     assert (why is not None) is bound
     if bound:
         assert f"{idle:.0f}% idle" in why
+
+
+@pytest.mark.parametrize(("waits", "bound"), [([20.0, headroom.MAX_DATAPATH_WAIT_MS], False),
+                                              ([20.0, headroom.MAX_DATAPATH_WAIT_MS + 1], True)])
+def test_the_datapaths_worst_second_decides_whatever_the_idle(waits: list[float],
+                                                              bound: bool) -> None:
+    """A machine whose idle went to the lab's own programs is valid while the datapath got
+    its CPU; one with CPU to spare is not if the datapath waited anyway."""
+    for idle in (5.0, 90.0):
+        why = headroom.cpu_verdict({"cpu_idle_min_pct": idle, "datapath_wait_ms": waits,
+                                    "datapath_wait_max_ms": max(waits)})
+        assert (why is not None) is bound, (idle, why)
+        if bound:
+            assert f"waited {max(waits):.0f} ms" in why
 
 
 def test_a_result_keeps_the_datapath_and_class_numbers_only() -> None:

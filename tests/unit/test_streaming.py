@@ -10,6 +10,7 @@ import pytest
 from lab import kinds
 from lab.kinds.streaming.metrics import fidelity_span
 from lab.kinds.streaming.plan import PHASES
+from lab.machine import cpuclass
 from lab.measure import routerstats
 from lab.model import scenario
 from lab.model.errors import ScenarioError, TopologyError
@@ -307,6 +308,12 @@ class _ThisMachine:
     def __init__(self) -> None:
         self.pids: list[int] = []
         self.record = self
+        self.cgroups: list[str] = []
+        # No CPU controller: the programs stay in this test's own group.
+        self.cpu = cpuclass.CpuClasses("unit", self, cpuclass.Mechanism("none", None, None))
+
+    def save(self) -> None:
+        """Nothing to write: this record lives as long as the test."""
 
     def host(self, _name: str) -> "_ThisMachine":
         return self
