@@ -49,7 +49,6 @@ BAND_FACTOR = 2.0
 #: The port incast-ecn's bursts meet in (its scenario's ``ecn.ports``).
 INCAST_PORT = "leaf1-eth1"
 RUN_TIMEOUT_S = 240.0
-FIRST_LINE_PCT = 10.0       # the lab's first, assumed line (replaced by the measured one)
 HIFI_PCT = 35.0             # Mininet-HiFi's reproductions
 
 SCENARIOS: dict[str, list[str]] = {
@@ -209,10 +208,10 @@ def out_of_band(value: float, median: float, half: float) -> float:
 
 
 def step_drifted(sides: list[float]) -> bool:
-    """A load step has drifted when every one of its runs lies beyond the band on the same
-    side: a shift, not one run's noise (with ~15 metrics and a band from 3 runs, single runs
-    outside it are expected by chance)."""
-    return bool(sides) and sides[0] != 0 and all(x == sides[0] for x in sides)
+    """A load step has drifted when every one of its runs, two at least, lies beyond the
+    band on the same side: a shift, not one run's noise (with ~15 metrics and a band from
+    3 runs, single runs outside it are expected by chance)."""
+    return len(sides) >= 2 and sides[0] != 0 and all(x == sides[0] for x in sides)
 
 
 def threshold(points: list[tuple[float, bool]]) -> float:
@@ -294,7 +293,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(analysis: dict[str, Any], png: Path) -> None:
+def plot(analysis: dict[str, Any], png: Path, x: str = "x") -> None:
+    """Drift per metric against the least idle second (``x="x"``) or against the datapath's
+    worst second of waiting (``x="wait"``), noise band shaded, the lines marked; a load at
+    the lab's programs' weight drawn as squares."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -312,13 +314,22 @@ def plot(analysis: dict[str, Any], png: Path) -> None:
         k = 100.0 if med else 1.0
         ax.axhspan(-half / scale * k, half / scale * k, color="0.85", label="noise band")
         for p in m["points"]:
+            if p.get(x) is None:
+                continue
             y = (p["value"] - med) / scale * k
-            ax.plot(p["x"], y, "o", color="tab:red" if p["out"] else "tab:blue", ms=4)
-        ax.axvline(thr, color="tab:red", lw=1, label=f"threshold {thr:.0f} %")
-        ax.axvline(FIRST_LINE_PCT, color="k", lw=0.8, ls=":", label="10 % (first line)")
-        ax.axvline(HIFI_PCT, color="tab:green", lw=0.8, ls="--", label="35 % (HiFi)")
+            ax.plot(p[x], y, "s" if p.get("load") == "class" else "o",
+                    color="tab:red" if p["out"] else "tab:blue", ms=4)
+        if x == "wait":
+            ax.axvline(headroom.MAX_DATAPATH_WAIT_MS, color="tab:red", lw=1,
+                       label=f"line {headroom.MAX_DATAPATH_WAIT_MS:g} ms/s")
+            ax.set_xlabel("datapath's worst second of run-queue wait, ms/s", fontsize=8)
+        else:
+            ax.axvline(thr, color="tab:red", lw=1, label=f"threshold {thr:.0f} %")
+            ax.axvline(headroom.MIN_CPU_IDLE_PCT, color="k", lw=0.8, ls=":",
+                       label=f"{headroom.MIN_CPU_IDLE_PCT:g} % (idle line)")
+            ax.axvline(HIFI_PCT, color="tab:green", lw=0.8, ls="--", label="35 % (HiFi)")
+            ax.set_xlabel("least idle CPU second, % (lab-measured)", fontsize=8)
         ax.set_title(name, fontsize=9)
-        ax.set_xlabel("least idle CPU second, % (lab-measured)", fontsize=8)
         ax.set_ylabel(f"drift vs unloaded median ({unit})", fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(names):]:
@@ -413,7 +424,7 @@ def main() -> int:
                     print(f"{tag}: rc {row['rc']} wall {row['wall_s']} s, idle min "
                           f"{row.get('cpu_idle_min_pct')} %, lab {row.get('lab_cpu_pct')} %,"
                           f" valid {row.get('valid')} {row.get('why', '')}", flush=True)
-                    if duty not in args.class_steps or passes:
+                    if duty not in args.class_steps:
                         continue
                     tag = f"{scen}-c{duty:g}-p{passes}-{i}"
                     row = run_once(scen, duty, tag, group)
@@ -433,6 +444,7 @@ def main() -> int:
         "cores": len(os.sched_getaffinity(0)), "rows": rows, "analysis": analysis},
         indent=1))
     plot(analysis, Path(args.png))
+    plot(analysis, Path(args.png).with_name(Path(args.png).stem + "_wait.png"), x="wait")
     print(table(rows))
     print(summary(analysis))
     return 0

@@ -29,6 +29,7 @@ def test_zero_band_means_any_change_drifts() -> None:
 
 def test_a_step_drifts_only_when_all_its_runs_leave_the_band_on_one_side() -> None:
     assert ft.step_drifted([1, 1])
+    assert not ft.step_drifted([1])              # one run is not a shift
     assert not ft.step_drifted([1, 0])
     assert not ft.step_drifted([1, -1])
     assert not ft.step_drifted([0, 0])
@@ -77,7 +78,8 @@ def test_a_class_load_is_its_own_step() -> None:
     rows = [row(0, "root", 70, 20, 10.0), row(0, "root", 72, 25, 10.2),
             row(0, "root", 69, 22, 9.9),
             row(0.9, "root", 3, 400, 14.0), row(0.9, "root", 5, 380, 13.0),
-            row(0.9, "class", 4, 30, 10.1), row(0.9, "class", 6, 28, 9.95)]
+            row(0.9, "class", 4, 30, 10.1), row(0.9, "class", 6, 28, 9.95),
+            row(0.6, "class", 20, 35, 14.0)]           # one run: not a drift
     a = ft.analyse(rows)
     assert a["metrics"]["m"]["drifted"] == [[0.9, "root"]]
     assert a["threshold_pct"] == 5

@@ -94,8 +94,8 @@ def test_a_result_keeps_the_datapath_and_class_numbers_only() -> None:
 
 
 def test_a_class_is_starved_by_its_threads_average_wait_not_their_sum() -> None:
-    """128 senders that each wait 30 ms a second are not starved; 2 that wait 500 ms are."""
-    many = {"cpu_classes": {"traffic": {"cpu_pct": 12.0, "wait_pct": 384.0, "threads": 128}}}
+    """128 senders that each wait 15 ms a second are not starved; 2 that wait 500 ms are."""
+    many = {"cpu_classes": {"traffic": {"cpu_pct": 12.0, "wait_pct": 192.0, "threads": 128}}}
     few = {"cpu_classes": {"traffic": {"cpu_pct": 12.0, "wait_pct": 100.0, "threads": 2}}}
     other = {"cpu_classes": {"browser": {"cpu_pct": 90.0, "wait_pct": 100.0, "threads": 1}}}
     assert headroom.starved_notes(many) == []
