@@ -194,7 +194,7 @@ class CpuClasses:
         return out
 
     def waiting(self) -> dict[str, tuple[int, int]]:
-        """{class: (run-queue wait so far summed over its live threads, how many threads)}.
+        """{class: (run-queue wait so far summed over its live threads, how many programs)}.
         A thread that has exited takes its wait with it: what a class waited is read every
         second and summed from differences, so at most its last second is lost."""
         out = {}
@@ -203,8 +203,11 @@ class CpuClasses:
                 tids = (group / ("cgroup.threads" if self.mech.v2 else "tasks")).read_text()
             except OSError:
                 continue
-            paths = [f"/proc/{t}/schedstat" for t in tids.split()]
-            out[cls] = (thread_wait_ns(paths), len(paths))
+            try:
+                procs = len((group / "cgroup.procs").read_text().split())
+            except OSError:
+                procs = 0
+            out[cls] = (thread_wait_ns([f"/proc/{t}/schedstat" for t in tids.split()]), procs)
         return out
 
     def describe(self) -> dict[str, object]:

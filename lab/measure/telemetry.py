@@ -256,7 +256,7 @@ class Sampler(threading.Thread):
         #: (time since t0, datapath threads' run-queue wait ns, softirq jiffies, total
         #: jiffies) at every sample.
         self.datapath: list[tuple[float, int, int, int]] = []
-        #: (time since t0, {class: CPU ns}, {class: (run-queue wait ns, threads)}) once a
+        #: (time since t0, {class: CPU ns}, {class: (run-queue wait ns, programs)}) once a
         #: second.
         self.class_cpu: list[tuple[float, dict[str, int], dict[str, tuple[int, int]]]] = []
         self.series: dict[Port, Series] = {p: Series() for p in ports}
@@ -387,10 +387,10 @@ class Sampler(threading.Thread):
                 used = pts[-1][1][cls] - pts[0][1].get(cls, 0)
                 waited = sum(max(0, b[2].get(cls, (0, 0))[0] - a[2].get(cls, (0, 0))[0])
                              for a, b in itertools.pairwise(pts))
-                threads = max(p[2].get(cls, (0, 0))[1] for p in pts)
+                programs = max(p[2].get(cls, (0, 0))[1] for p in pts)
                 classes[cls] = {"cpu_pct": round(100.0 * used / 1e9 / span, 1),
                                 "wait_pct": round(100.0 * waited / 1e9 / span, 1),
-                                "threads": threads}
+                                "programs": programs}
             out["cpu_classes"] = classes
         return out
 

@@ -93,12 +93,12 @@ def test_a_result_keeps_the_datapath_and_class_numbers_only() -> None:
     assert set(headroom.cpu_fields(judged)) == set(headroom.CPU_FIELDS)
 
 
-def test_a_class_is_starved_by_its_threads_average_wait_not_their_sum() -> None:
-    """128 senders that each wait 15 ms a second are not starved; 2 that wait 500 ms are."""
-    many = {"cpu_classes": {"traffic": {"cpu_pct": 12.0, "wait_pct": 192.0, "threads": 128}}}
-    few = {"cpu_classes": {"traffic": {"cpu_pct": 12.0, "wait_pct": 100.0, "threads": 2}}}
-    other = {"cpu_classes": {"browser": {"cpu_pct": 90.0, "wait_pct": 100.0, "threads": 1}}}
+def test_a_class_is_starved_by_its_programs_average_wait_not_their_sum() -> None:
+    """128 senders that each wait 30 ms a second are not starved; 2 that wait 500 ms are."""
+    many = {"cpu_classes": {"traffic": {"cpu_pct": 12.0, "wait_pct": 384.0, "programs": 128}}}
+    few = {"cpu_classes": {"traffic": {"cpu_pct": 12.0, "wait_pct": 100.0, "programs": 2}}}
+    other = {"cpu_classes": {"browser": {"cpu_pct": 90.0, "wait_pct": 100.0, "programs": 1}}}
     assert headroom.starved_notes(many) == []
     assert headroom.starved_notes(other) == []      # a browser waiting changes no traffic
     [note] = headroom.starved_notes(few)
-    assert note.startswith("traffic: its 2 threads each waited") and "500 ms" in note
+    assert note.startswith("traffic: its 2 programs each waited") and "500 ms" in note
