@@ -3,13 +3,14 @@
 Every number a run reports depends on the switches forwarding on time, and on two cores
 the datapath (``ovs-vswitchd``'s threads, the kernel's softirq) shares the CPU with what
 the lab starts in the hosts: traffic generators, collective ranks, media servers, players,
-a browser. Those run under the kernel's CPU controller in one group per run whose weight
-is a quarter of a nice-0 task's, with a group per class inside it, so that when the CPU is
-short the datapath waits least. The controller is work-conserving: a weight matters only
-while the CPU is contended, so a run with CPU to spare runs as it did without it.
+a browser. Those run under the kernel's CPU controller in one group per run, an idle group
+(``cpu.idle``; a quarter of a nice-0 task's weight where the kernel lacks it), with a group
+per class inside it, so that when the CPU is short the datapath waits least. The
+controller is work-conserving: it matters only while the CPU is contended, so a run with
+CPU to spare runs as it did without it.
 
-Mechanisms, as the kernel offers them: cgroup v1's ``cpu.shares`` (with ``cpuacct`` for
-each class's CPU time), or cgroup v2's ``cpu.weight``; with neither, ``none`` (recorded).
+Mechanisms, as the kernel offers them: cgroup v1's ``cpu`` (with ``cpuacct`` for each
+class's CPU time), or cgroup v2's ``cpu``; with neither, ``none`` (recorded).
 
 Not Mininet's ``CPULimitedHost``: it groups by host, and a host runs programs of several
 classes (an iperf3 sender beside a gloo rank); it names its groups by host name, which
@@ -39,8 +40,8 @@ LAB_SHARES = 256
 #: The classes and their weights relative to each other inside the run's group. The
 #: offered load and the collective ranks first: their starving changes the traffic itself.
 CLASS_SHARES: dict[str, int] = {
-    "traffic": 1024,    # iperf3, stream senders, incast senders, micro-bursts, probes
-    "ranks": 1024,      # collective ranks (ring, gloo, DDP) and their data loaders
+    "traffic": 1024,    # iperf3, stream senders, micro-bursts
+    "ranks": 1024,      # collective ranks (ring, incast, gloo, DDP) and their data loaders
     "storage": 512,     # storage servers and checkpoint clients
     "media": 512,       # media servers (nginx-rtmp) and their pushers (ffmpeg)
     "players": 512,     # RTMP and HLS viewers

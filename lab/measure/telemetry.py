@@ -372,7 +372,8 @@ class Sampler(threading.Thread):
         wait, soft = [], []
         for a, b in self._seconds(self.datapath, t_from, t_to):
             span = max(b[0] - a[0], 1e-6)
-            wait.append(round((b[1] - a[1]) / 1e6 / span, 1))
+            # A thread that exits takes its wait with it: a second never waits less than 0.
+            wait.append(round(max(0, b[1] - a[1]) / 1e6 / span, 1))
             soft.append(round(100.0 * (b[2] - a[2]) / max(b[3] - a[3], 1), 1))
         if self.dp.vswitchd is None:        # no datapath seen: its waiting is unknown
             wait = []
