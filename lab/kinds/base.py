@@ -257,8 +257,7 @@ def phased_part(plan: Plan, phases: dict[str, PhaseCounts], main: str,
             "datapath_wait_max_ms": max((p.cpu.get("datapath_wait_max_ms", 0.0)
                                          for p in phases.values()), default=0.0),
             "phases": {n: {"valid": p.valid, "cpu_idle_min_pct": p.cpu_idle_min_pct,
-                           **{k: v for k, v in p.cpu.items()
-                              if k not in ("datapath_wait_ms", "softirq_pct")}}
+                           **p.cpu}
                        for n, p in phases.items()},
             "notes": notes, **(fidelity or {})},
     }
