@@ -223,7 +223,7 @@ class PhaseCounts:
     valid: bool
     #: What ``phase_details`` keeps of the phase (its links and flows at least).
     details: dict[str, Any]
-    #: The datapath's waiting and the CPU classes over the phase (``telemetry.cpu_fields``).
+    #: The datapath's waiting and the CPU classes over the phase (``headroom.cpu_fields``).
     cpu: dict[str, Any] = field(default_factory=dict)
 
     def judged(self) -> dict[str, Any]:

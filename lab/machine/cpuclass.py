@@ -125,6 +125,12 @@ class CpuClasses:
         #: Classes whose group could not be made or joined, with the kernel's reason.
         self.errors: dict[str, str] = {}
 
+    @property
+    def _bases(self) -> list[Path]:
+        """The hierarchies a group is made in: the CPU controller's, and cpuacct's where
+        that is mounted apart (cgroup v1 here)."""
+        return [b for b in dict.fromkeys((self.mech.cpu, self.mech.acct)) if b is not None]
+
     def _group(self, base: Path, cls: str | None) -> Path:
         return base / self.name if cls is None else base / self.name / cls
 
@@ -134,8 +140,7 @@ class CpuClasses:
         if cls in self.made:
             return self.made[cls]
         assert self.mech.cpu is not None
-        bases = [b for b in dict.fromkeys((self.mech.cpu, self.mech.acct)) if b is not None]
-        new = [self._group(b, c) for c in (None, cls) for b in bases
+        new = [self._group(b, c) for c in (None, cls) for b in self._bases
                if not self._group(b, c).exists()]
         self.record.cgroups.extend(str(p) for p in new if str(p) not in self.record.cgroups)
         self.record.save()
@@ -171,8 +176,7 @@ class CpuClasses:
             raise ValueError(f"unknown CPU class {cls!r} (known: {', '.join(CLASS_SHARES)})")
         if self.mech.cpu is None or self._make(cls) is None:
             return
-        bases = [b for b in dict.fromkeys((self.mech.cpu, self.mech.acct)) if b is not None]
-        for b in bases:
+        for b in self._bases:
             try:
                 (self._group(b, cls) / "cgroup.procs").write_text(str(pid))
             except ProcessLookupError:

@@ -21,8 +21,8 @@ from lab.machine import cpuclass
 MIN_CPU_IDLE_PCT = 25.0
 #: The datapath's threads' run-queue wait, in ms per second (worst second), past which the
 #: emulation fell behind: the rule in force. Measured (docs/fidelity.md): every drifted run
-#: waited 112 ms/s or more, every unloaded run 20-42, and runs whose CPU the lab's own
-#: programs took (7 % idle) 42-95 without drifting.
+#: waited 139 ms/s or more, every unloaded run 20-44, and runs whose CPU the lab's own
+#: programs took (5-33 % idle) 25-98 with no step time drifting.
 MAX_DATAPATH_WAIT_MS = 100.0
 #: What a judged window keeps of the CPU beyond the idle line: the datapath's waiting and
 #: the classes' CPU (``Sampler.datapath_numbers``).
