@@ -8,6 +8,7 @@ spawns alone used up the CPU headroom a run's fidelity check asks for.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import struct
@@ -24,10 +25,14 @@ _TCMSG = struct.Struct("=BxxxiIII")         # family, ifindex, handle, parent, i
 _IFINFOMSG = struct.Struct("=BxHiII")       # family, type, ifindex, flags, change
 _GNET_QUEUE = struct.Struct("=IIIII")       # qlen, backlog, drops, requeues, overlimits
 _LINK_STATS64 = struct.Struct("=8Q")        # rx/tx packets, rx/tx bytes, errors, dropped
+_RTMSG = struct.Struct("=BBBBBBBBI")        # family, dst_len, src_len, tos, table, proto,
+                                            # scope, type, flags
+_RTNEXTHOP = struct.Struct("=HBBi")         # len, flags, hops, ifindex
 NLMSG_ERROR, NLMSG_DONE, NLM_F_DUMP_INTR = 2, 3, 0x10
 TCA_STATS2, TCA_STATS_QUEUE = 7, 3
 IFLA_IFNAME, IFLA_OPERSTATE, IFLA_STATS64 = 3, 16, 23
 IF_OPER_UP, IF_OPER_UNKNOWN = 6, 0
+RTA_DST, RTA_OIF, RTA_MULTIPATH, RTA_TABLE, RT_TABLE_MAIN = 1, 4, 9, 15, 254
 #: ``ifi_flags`` of an interface set up and running (IFF_UP | IFF_RUNNING).
 IFF_RUNNING_UP = 0x1 | 0x40
 TC_H_ROOT = 0xFFFFFFFF                      # a root qdisc's parent
@@ -71,21 +76,25 @@ class Netlink:
 
     def __init__(self, pid: int | None = None) -> None:
         from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST
-        from pyroute2.netlink.rtnl import RTM_GETLINK, RTM_GETQDISC
+        from pyroute2.netlink.rtnl import RTM_GETLINK, RTM_GETQDISC, RTM_GETROUTE
         from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+        from pyroute2.netlink.rtnl.rtmsg import rtmsg
         from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
         self.pid = pid
         self.ns_inode = netns_inode(pid)
-        self._sock = _socket_in(pid)
+        self._sock = rtnl_socket(pid)
         self._sock.settimeout(10.0)
         self._lock = threading.Lock()
         self._seq = 0
         self._names: dict[int, str] = {}
         self._requests: dict[str, bytearray] = {}
-        for name, cls, kind in (("qdisc", tcmsg, RTM_GETQDISC), ("link", ifinfmsg, RTM_GETLINK)):
+        for name, cls, kind in (("qdisc", tcmsg, RTM_GETQDISC), ("link", ifinfmsg, RTM_GETLINK),
+                                ("route", rtmsg, RTM_GETROUTE)):
             msg = cls()
             msg["header"]["type"] = kind
+            if name == "route":
+                msg["family"] = socket.AF_INET
             msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_DUMP
             msg.encode()
             self._requests[name] = bytearray(msg.data)
@@ -185,12 +194,47 @@ class Netlink:
         return {self._names[i]: (d, leaf.get(i, b)) for i, (d, b) in roots.items()
                 if i in self._names}
 
+    def route_devs(self, prefix: str) -> list[str]:
+        """The devices of the main table's IPv4 route to exactly ``prefix``, as ``ip route
+        show exact`` names them (every nexthop's); [] when there is no such route.
 
-def _socket_in(pid: int | None) -> socket.socket:
-    """A bound rtnetlink socket created inside the network namespace of ``pid``."""
+        The kernel puts a route's nexthops in the route even where the routing daemon
+        installed them as a nexthop object (``nexthop_compat_mode``, on by default).
+        """
+        net = ipaddress.IPv4Network(prefix)
+        found: list[int] = []
+        for _, buf, start, end in self._dump("route"):
+            family, dst_len, _, _, table, _, _, _, _ = _RTMSG.unpack_from(buf, start)
+            if family != socket.AF_INET or dst_len != net.prefixlen:
+                continue
+            dst, oifs = bytes(4), []
+            for kind, a, b in _attrs(buf, start + _RTMSG.size, end):
+                if kind == RTA_TABLE:
+                    (table,) = struct.unpack_from("=I", buf, a)
+                elif kind == RTA_DST:
+                    dst = bytes(buf[a:b])
+                elif kind == RTA_OIF:
+                    oifs.append(struct.unpack_from("=i", buf, a)[0])
+                elif kind == RTA_MULTIPATH:
+                    while a + _RTNEXTHOP.size <= b:
+                        length, _, _, index = _RTNEXTHOP.unpack_from(buf, a)
+                        if length < _RTNEXTHOP.size:
+                            break
+                        oifs.append(index)
+                        a += _align(length)
+            if table == RT_TABLE_MAIN and dst == net.network_address.packed:
+                found += oifs
+        if any(i not in self._names for i in found):
+            self.links()
+        return sorted(self._names.get(i, f"if{i}") for i in found)
+
+
+def rtnl_socket(pid: int | None, groups: int = 0) -> socket.socket:
+    """A bound rtnetlink socket created inside the network namespace of ``pid``, listening
+    to the notification ``groups`` (a bit mask) as well."""
     def make() -> socket.socket:
         s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-        s.bind((0, 0))
+        s.bind((0, groups))
         return s
 
     return socket_in(pid, make)

@@ -206,6 +206,8 @@ def test_failover_is_bfd_fast_and_loses_no_stream(result):
         assert fo["withdrawn_after_s"] is not None and fo["withdrawn_after_s"] < 1.0
         assert fo["returned_after_s"] is not None
         assert fo["streams_on_cut"], "the cut element carried streams"
+        assert fo["watch_error"] is None
+        assert fo["unwatched_at_cut"] == [], "a stream's viewer had no frame yet at the cut"
         assert fo["streams_lost"] == []
         assert all(0 < v < 2.0 for v in fo["outage_s"].values()), fo["outage_s"]
     # Traffic returns to the restored uplink.

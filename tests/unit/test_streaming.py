@@ -289,6 +289,21 @@ def test_a_relay_is_neither_a_stream_nor_a_missing_viewer():
     assert not phase_metrics(ph)["fidelity_valid"]
 
 
+def test_a_failover_names_streams_whose_viewer_was_not_yet_watching():
+    """An outage is only measured by a viewer that had frames before the cut."""
+    from lab.kinds.streaming.metrics import phase_metrics
+    hop = [{"link": "border1-eth2->isp1-eth0", "from": "border1", "to": "isp1"}]
+    flows = [_flow(f"failover-link/big{i}", "big", router_hops=hop,
+                   playout={"first_arrival_unix": first}) for i, first in
+             ((1, 99.0), (2, 101.0), (3, None))]
+    ph = {"flows": flows, "links": [], "duration_s": 8.0, "cpu_idle_min_pct": 40.0,
+          "config": {}, "events": {"cut": "border1-eth2->isp1-eth0", "cut_unix": 100.0,
+                                   "phase_start_unix": 95.0}}
+    fo = phase_metrics(ph)["failover"]
+    assert fo["streams_on_cut"] == [f["id"] for f in flows]
+    assert fo["unwatched_at_cut"] == ["failover-link/big2", "failover-link/big3"]
+
+
 def test_diagnose_shows_a_flow_without_a_viewer():
     from lab.analysis.diagnose import render
     flows = [{"id": i, "src": "h5", "dst": "cdn1", "path": ["leaf1"], "lost_bytes": 0,

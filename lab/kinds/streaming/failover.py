@@ -7,13 +7,11 @@ BFD and BGP took to take the path away and to bring it back.
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from typing import Any
 
-from lab.measure import routerstats
 from lab.measure.routerstats import RouterPort
+from lab.measure.routewatch import RouteWatch
 from lab.net import edgecontrol
 from lab.net.edge import CORE
 
@@ -26,8 +24,10 @@ class EdgeFailover:
     routers: dict[str, Any]
     rports: list[RouterPort]
 
-    def failover(self, phase: str, config: dict[str, Any], t0_unix: float) -> dict[str, Any]:
-        """Cut mid-phase, watch the routes go and come back; returns the times measured."""
+    def failover(self, phase: str, config: dict[str, Any], t0_unix: float,
+                 streams_unix: float) -> dict[str, Any]:
+        """Cut ``cut_at`` s after the streams started (``streams_unix``), restore at
+        ``restore_at``, watch the routes go and come back; returns the times measured."""
         f = self.params["failover"]
         if phase == "failover-link":
             # The uplink carrying the most big streams, and the border whose route uses it.
@@ -53,13 +53,13 @@ class EdgeFailover:
             watcher = (CORE, self.dst_prefix("cdn1"), core_port.intf)
             what = border
         node, prefix, dev = watcher
-        watch = RouteWatch(self.routers[node], prefix, dev)
+        watch = RouteWatch(self.routers[node].pid, prefix, dev)
         watch.start()
-        time.sleep(max(0.0, t0_unix + f["cut_at"] - time.time()))
+        time.sleep(max(0.0, streams_unix + f["cut_at"] - time.time()))
         t_cut = time.time()
         for name, intfs in cuts:
             edgecontrol.cut(self.routers[name], intfs)
-        time.sleep(max(0.0, t0_unix + f["restore_at"] - time.time()))
+        time.sleep(max(0.0, streams_unix + f["restore_at"] - time.time()))
         t_restore = time.time()
         for name, _ in cuts:
             edgecontrol.restore(self.routers[name])
@@ -69,42 +69,13 @@ class EdgeFailover:
         watch.stop()
         return {"cut": what, "watched_router": node, "watched_prefix": prefix,
                 "watched_dev": dev, "cut_unix": t_cut, "restore_unix": t_restore,
-                "phase_start_unix": t0_unix,
-                "withdrawn_after_s": None if watch.gone_at is None
+                "phase_start_unix": t0_unix, "streams_unix": streams_unix,
+                "withdrawn_after_s": None if watch.gone_at is None or watch.error
                 else round(watch.gone_at - t_cut, 3),
-                "returned_after_s": None if watch.back_at is None
-                else round(watch.back_at - t_restore, 3)}
+                "returned_after_s": None if watch.back_at is None or watch.error
+                else round(watch.back_at - t_restore, 3),
+                "watch_error": watch.error}
 
     def dst_prefix(self, host: str) -> str:
         ln = next(x for x in self.desc["router_links"] if x["b"] == host)
         return ln["subnet"]
-
-
-class RouteWatch(threading.Thread):
-    """Polls a router's kernel route for ``prefix``: when ``dev`` leaves it and comes back."""
-
-    def __init__(self, node: Any, prefix: str, dev: str, period_s: float = 0.01) -> None:
-        super().__init__(daemon=True, name="fabriclab-route-watch")
-        self.pid, self.prefix, self.dev, self.period = node.pid, prefix, dev, period_s
-        self.gone_at: float | None = None
-        self.back_at: float | None = None
-        self._stop_evt = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_evt.wait(self.period):
-            out = routerstats.ns_run(self.pid, ["ip", "-j", "route", "show", "exact",
-                                                self.prefix], check=False).stdout
-            try:
-                routes = json.loads(out) if out.strip() else []
-            except ValueError:
-                continue
-            devs = [nh.get("dev") for r in routes for nh in r.get("nexthops", [r])]
-            now = time.time()
-            if self.dev not in devs and self.gone_at is None:
-                self.gone_at = now
-            elif self.dev in devs and self.gone_at is not None and self.back_at is None:
-                self.back_at = now
-
-    def stop(self) -> None:
-        self._stop_evt.set()
-        self.join(timeout=5)

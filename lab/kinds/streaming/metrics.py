@@ -228,6 +228,12 @@ def phase_metrics(ph: dict[str, Any]) -> dict[str, Any]:
             **{k: v for k, v in ev.items() if not k.endswith("_unix")},
             "streams_on_cut": sorted(f["id"] for f in crossing),
             "outage_s": {f["id"]: round(f["max_gap_s"] or 0.0, 3) for f in crossing},
+            # A stream whose player had no frame yet when the cut came could not see it:
+            # its outage above says nothing about the cut.
+            "unwatched_at_cut": sorted(
+                f["id"] for f in crossing
+                if (f.get("playout") or {}).get("first_arrival_unix") is None
+                or f["playout"]["first_arrival_unix"] > ev["cut_unix"]),
             # Silently lost: the player never saw it, or it ended without its sender's
             # clean close (TCP) / end marker (UDP), or frames went missing unaccounted.
             # A real viewer watches to the end of its time ("duration").

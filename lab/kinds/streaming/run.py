@@ -263,7 +263,10 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover, EdgeLiveView):
         # links' series on one axis with it.
         events: dict[str, Any] = {"phase_start_unix": t_unix}
         if phase.startswith("failover"):
-            events = self.failover(phase, config, t_unix)
+            # Cut and restore are timed from when the streams run, not from the phase's
+            # start: real media takes seconds to start (pushers publish, viewers join),
+            # and a cut before the viewers watch is an outage nobody could see.
+            events = self.failover(phase, config, t_unix, time.time())
         with Ticker(duration, f"[{phase}] streaming"), \
                 self.viewer_lanes(work, [s for s in streams if s.viewed] if real else []):
             for proc in senders + players:
