@@ -56,12 +56,15 @@ HEALTHY_IDLE_OVER_IDEAL_MAX = 0.05
 #: The network phase's all-reduce against its ideal at the bottleneck: 3.0 measured
 #: (the ring hop gets a third to a half of the uplink beside the elephant).
 NETWORK_COMM_VS_IDEAL_MIN = 1.8
-#: Six GPUs with another job's two hops on their ring hop's uplink: 2.05x their step
-#: alone (one run); the other job, whose hops cross more links than that one, 1.23x.
-OTHER_JOB_SLOWDOWN_MIN = 1.5
-#: The share of that slowdown the job-aware policy gives back: all of it measured (its step
-#: 0.997x alone).
-JOB_AWARE_RECOVERS_MIN = 0.8
+#: Six GPUs with another job's two hops on their ring hop's uplink, against their step
+#: alone, and the other job against its own steps alone: 2.05x / 1.23x, 1.76x / 1.42x,
+#: 1.47x / 1.85x in three runs. How the shared uplink splits between the two jobs' TCP
+#: connections differs run to run, so each job's bound is loose and their sum is the
+#: steady number: the extra over alone, 1.28, 1.18, 1.31.
+JOB_SLOWDOWN_MIN, OTHER_JOB_SLOWDOWN_MIN, BOTH_EXTRA_MIN = 1.2, 1.1, 0.8
+#: The job-aware policy's step against the job's alone: 0.997x, 1.10x, 0.99x measured
+#: (the shared step was 1.47-2.05x).
+JOB_AWARE_OVER_ALONE_MAX = 1.25
 
 #: The others' wait for the straggler's compute (100 ms more than their 100 ms), as a share
 #: of its step: 0.36 measured (279 ms steps); the old reading, its barrier, was 0.01.
@@ -258,19 +261,19 @@ def test_another_job_on_the_uplinks_slows_both_jobs(r: dict) -> None:
     against the racks phase, the other job against its own steps before the job began)."""
     oj = phase(r, "two-jobs")["other_job"]
     assert oj["errors"] == [] and oj["steps_alone"] >= 3 and oj["steps_beside"] >= 3, oj
-    assert oj["job_slowdown"] > OTHER_JOB_SLOWDOWN_MIN, oj
-    assert oj["slowdown"] > 1.05, oj
+    assert oj["job_slowdown"] > JOB_SLOWDOWN_MIN, oj
+    assert oj["slowdown"] > OTHER_JOB_SLOWDOWN_MIN, oj
+    assert oj["job_slowdown"] - 1 + oj["slowdown"] - 1 > BOTH_EXTRA_MIN, oj
     assert both_jobs(r["phase_details"]["two-jobs"]), "no link carried both jobs"
 
 
 def test_a_job_aware_policy_gives_each_job_its_own_uplinks(r: dict) -> None:
     """Told which job each connection is, the controller keeps the jobs on disjoint links,
-    and the job gets back most of what the other job cost it."""
+    and the job's step is back near its step alone, below its step beside the other job."""
     assert both_jobs(r["phase_details"]["job-aware"]) == []
     alone = phase(r, "racks")["step_p50_s"]
     shared, fixed = phase(r, "two-jobs")["step_p50_s"], phase(r, "job-aware")["step_p50_s"]
-    recovered = (shared - fixed) / (shared - alone)
-    assert recovered > JOB_AWARE_RECOVERS_MIN, (alone, shared, fixed)
+    assert fixed < alone * JOB_AWARE_OVER_ALONE_MAX and fixed < shared, (alone, shared, fixed)
     assert phase(r, "job-aware")["other_job"]["errors"] == []
 
 
