@@ -23,7 +23,7 @@ fi
 say() { printf '[setup] %s\n' "$*"; }
 
 if [ "$(id -u)" != 0 ]; then
-    echo "setup: must run as root (try: sudo make setup)" >&2
+    echo "setup: must run as root (a root shell, or: sudo make setup)" >&2
     exit 2
 fi
 

@@ -28,6 +28,9 @@ LINK_KEYS = ("node", "port", "peer", "bw_mbps", "tx_bytes", "tx_packets", "drops
 #: the run started (``lab.model.capacity.Expectation``).
 EXPECTED_KEYS = ("verdict", "load", "flow_hops", "pkt_hops_per_s", "fields", "advice", "source")
 EXPECTED_VERDICTS = ("valid", "invalid", "not estimated")
+#: The fidelity numbers that are percentages of a core (the lab's own CPU may exceed 100: it
+#: is summed over cores); null where a run could not measure them.
+FIDELITY_PERCENTS = ("cpu_idle_min_pct", "lab_cpu_pct")
 FLOW_KEYS = ("id", "kind", "src", "dst", "proto", "sport", "dport", "path", "bytes",
              "goodput_bps", "loss", "retransmits")
 
@@ -106,6 +109,10 @@ def validate(result: dict[str, Any]) -> list[str]:
         problems += _missing(flow, FLOW_KEYS, f"flows[{i}]")
     problems += _missing(result.get("fidelity", {}), ("cpu_idle_min_pct", "valid", "notes"),
                          "fidelity")
+    for key in FIDELITY_PERCENTS:
+        v = result.get("fidelity", {}).get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+            problems.append(f"fidelity.{key} is {v!r}, expected a percentage (>= 0) or null")
     expected = result.get("fidelity", {}).get("expected")
     if expected is not None:
         problems += _missing(expected, EXPECTED_KEYS, "fidelity.expected")

@@ -41,8 +41,12 @@ def test_bad_elephants_name_the_field(sets: list[str], field: str, words: str) -
 
 
 def test_an_elephant_that_need_not_collide_may_stay_in_a_rack() -> None:
-    run.make_plans("gpu-wait", sets=["phases.network.elephant.pairs=[[h7, h8]]",
-                                     "phases.network.elephant.collide=false"])
+    """The same pair that is refused when it must collide ("crosses no uplink", above) is
+    planned as given when it need not."""
+    plan = run.make_plans("gpu-wait", sets=["phases.network.elephant.pairs=[[h7, h8]]",
+                                            "phases.network.elephant.collide=false"])[0]
+    assert plan.params["phases"]["network"]["elephant"] == {"pairs": [["h7", "h8"]],
+                                                            "collide": False}
 
 
 def test_a_colliding_elephant_is_pinned_with_the_ring_hop_leaving_its_leaf() -> None:

@@ -172,5 +172,10 @@ def test_schema_accepts_lab_cpu_pct() -> None:
         "fidelity": {"cpu_idle_min_pct": 50.0, "lab_cpu_pct": 4.2, "valid": True,
                      "notes": []},
     }
-    problems = [p for p in validate(result) if "lab_cpu_pct" in p]
-    assert problems == []
+    assert [p for p in validate(result) if "lab_cpu_pct" in p] == []
+    for bad in ("4.2 %", -1.0, True):
+        result["fidelity"]["lab_cpu_pct"] = bad
+        assert [p for p in validate(result) if "lab_cpu_pct" in p] == \
+            [f"fidelity.lab_cpu_pct is {bad!r}, expected a percentage (>= 0) or null"]
+    result["fidelity"]["lab_cpu_pct"] = None     # not measured
+    assert [p for p in validate(result) if "lab_cpu_pct" in p] == []

@@ -88,7 +88,7 @@ def test_readme_test_command_is_what_ci_runs() -> None:
     """CI runs README's test command, and that command builds the documentation too."""
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert "make test" in ci
-    assert "sudo make test" in README.read_text()
+    assert re.search(r"^make test +#", README.read_text(), re.M)
     rule = re.search(r"^test:(.*)$", (REPO / "Makefile").read_text(), re.M)
     assert rule and {"lint", "docs"} <= set(rule.group(1).split())
 

@@ -24,7 +24,8 @@ def test_provisioner_runs_the_setup_entry_point():
 
 def test_readme_commands_match_the_makefile():
     readme = (REPO / "README.md").read_text()
-    assert "sudo make demo" in readme and "sudo make test" in readme
+    # As root, with no sudo needed (a Debian 12 installed without it has none).
+    assert re.search(r"^make demo +#", readme, re.M) and re.search(r"^make test +#", readme, re.M)
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^demo: setup$", makefile, re.M)
     assert re.search(r"^test: setup", makefile, re.M)
