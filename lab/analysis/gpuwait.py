@@ -13,9 +13,12 @@ placement *together*. What is read, per phase:
   they used (the fabric or a storage network of its own, read from their addresses), the
   job's all-reduce time against the ideal for its bottleneck rate, drops and retransmits.
 
+Whose traffic a flow is comes from its two ends and the scheduler's map of hosts to jobs
+and storage (``phase_details.<phase>.scheduler``, which the lab exports as a scheduler
+would): never from a tag the lab put on the flow, which an operator does not have.
 Never the phase's name, the scenario's settings or its description: a test runs this on
-results with every phase renamed and the parameters removed, and must get the same causes.
-Pure functions over result.json.
+results with every phase renamed, the parameters removed and the flows' tags and names
+gone, and must get the same causes. Pure functions over result.json.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import itertools
 import json
 import random
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from lab.model.flowpaths import attachment
@@ -52,6 +56,53 @@ FIXES = {
     "straggler": "find the slow rank: its step is longer than the others' before the "
                  "all-reduce",
 }
+
+
+#: Whose traffic a flow is, from its ends and the scheduler's map: between two hosts of the
+#: job diagnosed; between the job and a storage host (its batches, reads, checkpoints);
+#: between two hosts of one other job; anything else (hosts no job was given).
+JOB, JOB_DATA, OTHER_JOB, NO_JOB = "job", "job data", "other job", "no job"
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """The scheduler's map for a phase: the job diagnosed, every other job's hosts, and
+    the storage hosts. Empty where a result has none: then no flow is the job's."""
+
+    job: frozenset[str]
+    others: dict[str, str]          # host -> the other job it runs
+    storage: frozenset[str]
+
+    @classmethod
+    def of(cls, details: dict[str, Any]) -> Scheduler:
+        s = details.get("scheduler") or {}
+        jobs = s.get("jobs") or {}
+        return cls(frozenset(jobs.get(s.get("job"), ())),
+                   {h: j for j, hosts in jobs.items() if j != s.get("job") for h in hosts},
+                   frozenset(s.get("storage") or ()))
+
+    def whose(self, flow: dict[str, Any]) -> str:
+        a, b = flow["src"], flow["dst"]
+        if a in self.job and b in self.job:
+            return JOB
+        if (a in self.storage and b in self.job) or (a in self.job and b in self.storage):
+            return JOB_DATA
+        if a in self.others and self.others[a] == self.others.get(b):
+            return OTHER_JOB
+        return NO_JOB
+
+
+def job_flows(details: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job's own connections (its all-reduce): flows between two of its hosts."""
+    sched = Scheduler.of(details)
+    return [f for f in details.get("flows", []) if sched.whose(f) == JOB]
+
+
+def data_flows(details: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the storage hosts sent the job: its batches (and reads)."""
+    sched = Scheduler.of(details)
+    return [f for f in details.get("flows", [])
+            if sched.whose(f) == JOB_DATA and f["src"] in sched.storage]
 
 
 #: A rank whose mean compute is this much longer than the fastest rank's is a straggler,
@@ -103,10 +154,9 @@ def storage_links(details: dict[str, Any]) -> list[dict[str, Any]]:
     ports = {(ln.get("role", "fabric"), ln["peer"]): ln for ln in details.get("links", [])}
     sent: dict[str, int] = {}
     network: dict[str, str] = {}
-    for f in details.get("flows", []):
-        if f.get("kind") == "loader":
-            sent[f["src"]] = sent.get(f["src"], 0) + carried_bytes(f)
-            network[f["src"]] = f.get("interface", "fabric")
+    for f in data_flows(details):
+        sent[f["src"]] = sent.get(f["src"], 0) + carried_bytes(f)
+        network[f["src"]] = f.get("interface", "fabric")
     dur = details.get("duration_s") or 0.0
     out = []
     for host, nbytes in sorted(sent.items()):
@@ -122,7 +172,7 @@ def storage_links(details: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _job_hosts(details: dict[str, Any]) -> list[str]:
     """The hosts the job's all-reduce connections leave from: its ranks' placement."""
-    return sorted({f["src"] for f in details.get("flows", []) if f.get("kind") == "allreduce"})
+    return sorted({f["src"] for f in job_flows(details)})
 
 
 def rack_uplinks(topology: dict[str, Any]) -> set[tuple[str, str]]:
@@ -170,7 +220,7 @@ def best_bottleneck_bps(topology: dict[str, Any], details: dict[str, Any]) -> fl
     hosts = _job_hosts(details)
     if not hosts:
         return None
-    storage = {f["src"] for f in details.get("flows", []) if f.get("kind") == "loader"}
+    storage = set(Scheduler.of(details).storage)
     host_bw = host_link_rates(topology, hosts)
     fabric_bw = uplink_rates(topology)
     if not host_bw:
@@ -182,15 +232,18 @@ def best_bottleneck_bps(topology: dict[str, Any], details: dict[str, Any]) -> fl
 
 
 def shared_links(details: dict[str, Any]) -> list[dict[str, Any]]:
-    """The links the job's all-reduce crossed (data direction), each with the bytes the
-    job's own connections and every other kind of flow sent over it, most shared first.
+    """The links the job's all-reduce crossed (data direction), each with the bytes sent
+    over it by whose traffic (``Scheduler.whose``: the job's own, its data, another job's,
+    no job's), most shared first.
 
     A flow's bytes on the link from switch s are the bytes s counted for it (its
     ``hop_bytes``): what s forwarded onto that link."""
     links = {(ln["node"], ln["peer"]): ln for ln in details.get("links", [])}
+    sched = Scheduler.of(details)
     per: dict[tuple[str, str], dict[str, int]] = {}
     job: set[tuple[str, str]] = set()
     for f in details.get("flows", []):
+        whose = sched.whose(f)
         hops = [*f.get("path", []), f["dst"]]
         for sw, nxt in itertools.pairwise(hops):
             key = (sw, nxt)
@@ -198,14 +251,14 @@ def shared_links(details: dict[str, Any]) -> list[dict[str, Any]]:
                 continue
             sent = (f.get("hop_bytes") or {}).get(sw, 0)
             kinds = per.setdefault(key, {})
-            kinds[f["kind"]] = kinds.get(f["kind"], 0) + sent
-            if f.get("kind") == "allreduce":
+            kinds[whose] = kinds.get(whose, 0) + sent
+            if whose == JOB:
                 job.add(key)
     out = []
     for key in sorted(job):     # ties in one order, whatever the set's
         kinds = per[key]
         total = sum(kinds.values())
-        other = total - kinds.get("allreduce", 0)
+        other = total - kinds.get(JOB, 0)
         ln = links[key]
         out.append({"link": f"{key[0]}->{key[1]}", "util": ln.get("util_mean"),
                     "drops": ln.get("drops", 0), "bytes": kinds,
@@ -217,8 +270,7 @@ def shared_links(details: dict[str, Any]) -> list[dict[str, Any]]:
 def off_fabric(details: dict[str, Any]) -> list[dict[str, Any]]:
     """The job's all-reduce connections that did not use the fabric's interface (the
     address each connection used, as its switches and its ends saw it)."""
-    return [f for f in details.get("flows", []) if f.get("kind") == "allreduce"
-            and f.get("interface", "fabric") != "fabric"]
+    return [f for f in job_flows(details) if f.get("interface", "fabric") != "fabric"]
 
 
 def _off_fabric_text(flows: list[dict[str, Any]], details: dict[str, Any]) -> str:
@@ -296,7 +348,7 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
     # The all-reduce beyond its ideal is the network's; whose traffic it met says whether
     # it was another job's.
     met = _dominant_other(shared[0]) if shared and shared[0]["other_share"] > 0 else None
-    by_job = excess_comm if met == "other-job" else 0.0
+    by_job = excess_comm if met == OTHER_JOB else 0.0
     shares = {"data": crit["data_wait"] * fetch_frac,
               "cpu": crit["data_wait"] * (1.0 - fetch_frac),
               "placement": placed, "interface": interface,
@@ -345,14 +397,14 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
 
 
 def _dominant_other(link: dict[str, Any]) -> str | None:
-    """The kind of flow besides the job's that carried most bytes on a link."""
-    other = {k: v for k, v in link["bytes"].items() if k != "allreduce" and v}
+    """Whose traffic besides the job's own carried most bytes on a link."""
+    other = {k: v for k, v in link["bytes"].items() if k != JOB and v}
     return max(other, key=other.get) if other else None
 
 
 def _other_kinds(link: dict[str, Any]) -> str:
-    """The kinds of flow besides the job's on a link, by bytes, as text."""
-    other = {k: v for k, v in link["bytes"].items() if k != "allreduce" and v}
+    """Whose traffic besides the job's own was on a link, by bytes, as text."""
+    other = {k: v for k, v in link["bytes"].items() if k != JOB and v}
     return ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in
                      sorted(other.items(), key=lambda kv: -kv[1]))
 
@@ -384,8 +436,15 @@ def render(diagnosis: dict[str, dict[str, Any]]) -> list[str]:
 
 # -- a result without its answers ---------------------------------------------------------
 
-#: What a phase's metrics echo of its settings rather than measure.
-SETTING_ECHOES = ("paths", "placement", "pins", "marking", "cc", "library", "program", "hosts")
+#: What a phase's metrics echo of its settings rather than measure (``other_job``: the
+#: other job's hosts as configured, and its slowdown against a phase the scenario names).
+SETTING_ECHOES = ("paths", "placement", "pins", "marking", "cc", "library", "program", "hosts",
+                  "other_job")
+#: What the lab wrote on each flow that a flow record (the 5-tuple, its bytes, its path)
+#: does not have: the name it gave the flow, the role it started it for (``kind``), the
+#: rank and epoch it belongs to, its configured rate and congestion control. The stripped
+#: flows are named by their place in the list.
+FLOW_LABELS = ("id", "kind", "rank", "epoch", "offered_bps", "cc")
 #: What a loader's record echoes of its settings (its per-worker record is what it measured).
 LOADER_SETTINGS = ("workers", "prefetch", "batch_bytes", "cpu_ms")
 
@@ -396,10 +455,11 @@ def stripped(result: dict[str, Any]) -> dict[str, Any]:
 
     Kept: the topology, the machine, and per phase its metrics and details under a new name,
     in a shuffled order seeded by the run's own measurements (so neither the order nor the
-    names can be learnt from another run). Gone: the scenario's name, description and
-    parameters, the lab's diagnosis, everything keyed or ordered by the phase names (the
-    run's timings, its first phase, the whole-run sections), the settings a phase's metrics
-    echo and the settings in each loader's record."""
+    names can be learnt from another run), with the scheduler's map of hosts to jobs.
+    Gone: the scenario's name, description and parameters, the lab's diagnosis, everything
+    keyed or ordered by the phase names (the run's timings, its first phase, the whole-run
+    sections), the settings a phase's metrics echo, the settings in each loader's record
+    and the lab's labels on each flow."""
     names = list(result["metrics"]["phases"])
     order = sorted(names)
     random.Random(json.dumps(result["metrics"]["phases"], sort_keys=True)).shuffle(order)
@@ -409,6 +469,8 @@ def stripped(result: dict[str, Any]) -> dict[str, Any]:
     details = {alias[n]: copy.deepcopy(result["phase_details"][n]) for n in order
                if n in result.get("phase_details", {})}
     for d in details.values():
+        d["flows"] = [{"id": f"f{i}", **{k: v for k, v in f.items() if k not in FLOW_LABELS}}
+                      for i, f in enumerate(d.get("flows", []))]
         for rank in d.get("gpu_wait", {}).get("ranks", []):
             for key in LOADER_SETTINGS:
                 (rank.get("loader") or {}).pop(key, None)

@@ -288,12 +288,25 @@ def strings(obj: object) -> set[str]:
 
 def test_the_stripped_result_names_no_phase_and_no_setting(r: dict) -> None:
     """What the diagnosis and the who-waited exercise are given: no phase's name as a key or
-    a value, nothing derived from one (the run's per-phase timings), no loader setting."""
+    a value, nothing derived from one (the run's per-phase timings), no loader setting, no
+    label the lab put on a flow (its role, its name), no other job's configured hosts or
+    baseline; the scheduler's map instead, naming the jobs by number."""
     s = stripped(r)
     seen = strings(s["result"])
     for name in r["metrics"]["phases"]:
         assert name not in seen and f"phase_{name}_s" not in seen, name
     assert list(s["result"]["metrics"]["phases"]) == [f"p{i}" for i in range(len(s["alias"]))]
+    kinds = {f["kind"] for d in r["phase_details"].values() for f in d["flows"]}
+    assert {"allreduce", "loader", "elephant", "other-job"} <= kinds
+    flow_strings = strings([d["flows"] for d in s["result"]["phase_details"].values()])
+    assert not kinds & flow_strings, kinds & flow_strings
+    assert not any(k in x for k in kinds for x in flow_strings)    # nor in a flow's name
+    for name, m in s["result"]["metrics"]["phases"].items():
+        assert "other_job" not in m, name
     for d in s["result"]["phase_details"].values():
         for rank in d["gpu_wait"]["ranks"]:
             assert not set(diagnosis.LOADER_SETTINGS) & set(rank["loader"]), rank["loader"]
+        assert [f["id"] for f in d["flows"]] == [f"f{i}" for i in range(len(d["flows"]))]
+        assert not any(set(diagnosis.FLOW_LABELS) - {"id"} & set(f) for f in d["flows"])
+        assert set(d["scheduler"]) == {"job", "jobs", "storage"}
+        assert set(d["scheduler"]["jobs"]) <= {"job-1", "job-2"}

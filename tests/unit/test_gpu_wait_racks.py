@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 
 from lab.analysis import gpuwait
+from lab.kinds.collective.scheduler import scheduler_map
 from lab.net.topologies import describe, make_topology
 
 
 def ring(hosts: list[str], storage: tuple[str, ...] = ()) -> dict:
-    """A phase's flows as the diagnosis reads them: the job's all-reduce leaving each host,
-    and a loader flow from each storage host."""
-    flows = [{"src": h, "dst": hosts[(i + 1) % len(hosts)], "kind": "allreduce"}
-             for i, h in enumerate(hosts)]
-    flows += [{"src": s, "dst": hosts[0], "kind": "loader"} for s in storage]
-    return {"flows": flows}
+    """A phase as the diagnosis reads it: the scheduler's map, the job's all-reduce leaving
+    each host, and a loader flow from each storage host."""
+    flows = [{"src": h, "dst": hosts[(i + 1) % len(hosts)]} for i, h in enumerate(hosts)]
+    flows += [{"src": s, "dst": hosts[0]} for s in storage]
+    return {"flows": flows, "scheduler": scheduler_map(hosts, [], storage)}
 
 
 LEAFSPINE = {"type": "leafspine", "spines": 2, "leaves": 3, "hosts_per_leaf": 4,

@@ -16,6 +16,7 @@ from lab.analysis import gpuwait as diagnosis
 from lab.kinds.collective import plan as kind
 from lab.kinds.collective.programs import JobPrograms, loader_args
 from lab.kinds.collective.readout import JobReadout
+from lab.kinds.collective.scheduler import scheduler_map
 from lab.kinds.collective.setup import JobSetup
 from lab.measure import telemetry
 from lab.model.errors import ScenarioError
@@ -144,7 +145,7 @@ def test_a_storage_clients_connections_carry_what_it_counted(tmp_path) -> None:
 
 def loader_flow(src: str, dst: str, interface: str, nbytes: int, received: int) -> dict:
     path = ["mgmt1"] if interface == "mgmt" else ["leaf3", "spine1", "leaf1"]
-    return {"kind": "loader", "src": src, "dst": dst, "interface": interface, "path": path,
+    return {"src": src, "dst": dst, "interface": interface, "path": path,
             "bytes": nbytes, "received_bytes": received, "sent_bytes": 0}
 
 
@@ -159,7 +160,8 @@ def test_the_diagnosis_reads_the_storage_link_of_the_network_the_loaders_used() 
     links = [link("leaf3", "h11", 50.0, 0), link("mgmt1", "h11", 0.5, 3, role="mgmt")]
     mgmt = {"duration_s": 8.0, "links": links,
             "flows": [loader_flow("h11", "h1", "mgmt", 0, 400_000),
-                      loader_flow("h11", "h2", "mgmt", 0, 100_000)]}
+                      loader_flow("h11", "h2", "mgmt", 0, 100_000)],
+            "scheduler": scheduler_map(["h1", "h2"], [], ["h11"])}
     (s,) = diagnosis.storage_links(mgmt)
     assert s == {"host": "h11", "network": "mgmt", "port": "mgmt1-eth11", "bytes": 500_000,
                  "bw_mbps": 0.5, "util": 1.0, "drops": 3}

@@ -17,6 +17,7 @@ from lab.kinds.collective import gloo, gpuwait, otherjob
 from lab.kinds.collective import metrics as jm
 from lab.kinds.collective.plan import Conn
 from lab.kinds.collective.programs import load
+from lab.kinds.collective.scheduler import scheduler_map
 from lab.kinds.collective.setup import Phase
 from lab.measure import ecnwire, headroom
 from lab.measure.result import flow_entries
@@ -131,6 +132,8 @@ class JobReadout:
                "metrics": metrics, "cpu_idle_pct": judged["cpu_idle_pct"],
                "t_window_start": round(window.sampler.t0 + window.t_start, 6),
                "outputs": outputs}
+        out["scheduler"] = scheduler_map(ph.hosts, ph.pp["other_job"]["hosts"]
+                                         if ph.oconns else [], pp["storage"]["hosts"])
         if ph.oconns:
             t0 = d.window.sampler.t0
             starts = [o["t_ready"] for o in outputs if o.get("t_ready") is not None]

@@ -12,10 +12,16 @@ time per batch, no storage link setting, no diagnosis. Per phase there is what w
   (``loader["per_worker"]``: ``fetch_s`` fetching batches from storage, ``prep_wall_s``
   preprocessing them);
 - ``result["phase_details"][p]["links"]`` and ``["flows"]``: each link's rate, bytes and
-  utilisation, each connection's path, bytes per switch (``hop_bytes``), ``kind``
-  (``allreduce`` is the job's; ``loader``, ``elephant``, ``other-job`` are not) and the
-  ``interface`` it used; ``result["topology"]``: the switches, hosts and links' rates;
-  ``metrics["bottleneck_bps"]``: the slowest link the job's all-reduce crossed.
+  utilisation, each connection's ends (``src``, ``dst``), path, bytes per switch
+  (``hop_bytes``) and the ``interface`` it used, as a flow record has them: no label says
+  what a connection is for;
+- ``result["phase_details"][p]["scheduler"]``: what the cluster's scheduler says, as an
+  operator has it: ``jobs`` (each job's hosts), ``job`` (the job whose ranks these are) and
+  ``storage`` (the storage hosts). A connection between two of the job's hosts is its
+  all-reduce; from a storage host to the job, its data; between two hosts of another job,
+  that job's; anything else runs on hosts no job was given;
+- ``result["topology"]``: the switches, hosts and links' rates; ``metrics["bottleneck_bps"]``:
+  the slowest link the job's all-reduce crossed.
 
 Write ``causes(metrics, details, topology)``: the causes that made the GPUs wait in that
 phase, from ``"data"`` (storage too slow), ``"cpu"`` (preprocessing too slow),

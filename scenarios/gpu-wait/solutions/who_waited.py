@@ -12,7 +12,8 @@
    the rest of its ideal is the ``placement``'s - or the ``interface``'s, when its
    connections ran off the fabric (their ``interface`` is not ``fabric``).
 4. Its exposed comm and barrier beyond the ideal are the ``network``'s - or ``other-job``'s,
-   when the busiest link it shared carried mostly another job's flows.
+   when the busiest link it shared carried mostly another job's flows. Whose a flow is
+   comes from its two ends and the scheduler's map (``whose``).
 5. The other ranks waited, inside their all-reduce, for however much longer that rank
    computed than the step's median rank: a ``straggler``'s, when one rank computes 1.2x
    longer than the fastest all along.
@@ -66,10 +67,25 @@ def fetching_share(details: dict[str, Any]) -> float:
     return fetch / (fetch + prep) if fetch + prep else 0.0
 
 
+def whose(flow: dict[str, Any], scheduler: dict[str, Any]) -> str:
+    """``job`` (between two of the job's hosts), ``data`` (between the job and storage),
+    ``other-job`` (between two hosts of one other job) or ``none``."""
+    jobs = scheduler["jobs"]
+    mine, storage = set(jobs[scheduler["job"]]), set(scheduler["storage"])
+    ends = {flow["src"], flow["dst"]}
+    if ends <= mine:
+        return "job"
+    if ends & mine and ends & storage:
+        return "data"
+    if any(ends <= set(hosts) for j, hosts in jobs.items() if j != scheduler["job"]):
+        return "other-job"
+    return "none"
+
+
 def best_bottleneck_mbps(topology: dict[str, Any], details: dict[str, Any]) -> float:
     """The slowest link the job's ring would cross placed as well as the fabric allows."""
-    hosts = {f["src"] for f in details["flows"] if f["kind"] == "allreduce"}
-    storage = {f["src"] for f in details["flows"] if f["kind"] == "loader"}
+    hosts = set(details["scheduler"]["jobs"][details["scheduler"]["job"]])
+    storage = set(details["scheduler"]["storage"])
     roles = {sw["name"]: sw["role"] for sw in topology["switches"]}
     free: dict[str, int] = {}
     nic, uplink = [], []
@@ -86,7 +102,7 @@ def best_bottleneck_mbps(topology: dict[str, Any], details: dict[str, Any]) -> f
 
 def busiest_other(details: dict[str, Any]) -> str | None:
     """Of the links the all-reduce crossed, the one where other flows had the largest share
-    of a busy link: which kind of flow carried most there (None: nothing else did)."""
+    of a busy link: whose flows carried most there (None: nothing else did)."""
     util = {(ln["node"], ln["peer"]): ln["util_mean"] or 0.0 for ln in details["links"]}
     on: dict[tuple[str, str], dict[str, int]] = {}
     mine = set()
@@ -95,13 +111,14 @@ def busiest_other(details: dict[str, Any]) -> str | None:
         for a, b in itertools.pairwise(hops):
             if (a, b) in util:
                 kinds = on.setdefault((a, b), {})
-                kinds[f["kind"]] = kinds.get(f["kind"], 0) + f["hop_bytes"].get(a, 0)
-                if f["kind"] == "allreduce":
+                who = whose(f, details["scheduler"])
+                kinds[who] = kinds.get(who, 0) + f["hop_bytes"].get(a, 0)
+                if who == "job":
                     mine.add((a, b))
     best, score = None, 0.0
     for link in mine:
         total = sum(on[link].values())
-        other = {k: v for k, v in on[link].items() if k != "allreduce" and v}
+        other = {k: v for k, v in on[link].items() if k != "job" and v}
         if total and other and (s := sum(other.values()) / total * util[link]) > score:
             best, score = max(other, key=other.get), s
     return best
@@ -124,7 +141,7 @@ def causes(metrics: dict[str, Any], details: dict[str, Any],
     placed = ideal * metrics["bottleneck_bps"] / 1e6 / best_bottleneck_mbps(topology, details)
     gap = max(0.0, min(crit["exposed_comm"], ideal) - placed)
     off_fabric = any(f.get("interface", "fabric") != "fabric" for f in details["flows"]
-                     if f["kind"] == "allreduce")
+                     if whose(f, details["scheduler"]) == "job")
     straggler = crit["lag"] if compute_spread(details) > 1.2 else 0.0
     beyond = max(0.0, crit["exposed_comm"] + crit["barrier"] - ideal)
     other_job = busiest_other(details) == "other-job"
