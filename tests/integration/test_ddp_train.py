@@ -15,13 +15,13 @@ diagnosis names the storage rack's slow links and nothing when the storage keeps
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import pytest
 
 from lab.analysis import gpuwait as diagnosis
-from lab.kinds.collective import gpuwait
 from lab.model.result import validate
 from tests.integration.support import (
     check_links_agree_with_flows,
@@ -149,32 +149,30 @@ def test_the_report_draws_each_phase_step_part_by_part(run_dir):
     assert (run_dir / "plots" / "ddp-steps.png").stat().st_size > 10_000
 
 
-def test_a_ddp_step_waits_for_its_batch_and_its_parts_add_up(ddp, run_dir):
-    """Every rank's every step: data wait, compute (forward + backward + optimizer step),
-    exposed all-reduce and barrier (none in DDP) add up to the step within 2 %; the
-    phases without a loader keep their steps as they were (no parts, no diagnosis)."""
+def test_a_ddp_step_waits_for_its_batch_and_no_rank_ends_a_bucket_alone(ddp, run_dir):
+    """Every rank's every step is recorded, in the phases with a loader only (the others
+    keep their steps as they were: no parts, no diagnosis), its batch one the loader
+    process made. Across ranks, on the clock they share: no rank's last bucket is reduced
+    before every rank had it ready (an all-reduce needs every rank's gradients), and a
+    rank's steps follow each other. A part stamped at the wrong moment breaks one of them."""
     for name in ddp["phase_details"]:
         assert ("gpu_wait" in phase(ddp, name)) == (name in LOADER_PHASES), name
     for name in LOADER_PHASES:
         ranks = ddp["phase_details"][name]["gpu_wait"]["ranks"]
         assert len(ranks) == phase(ddp, name)["workers"]
-        for rank in ranks:
-            assert len(rank["steps"]) == STEPS, (name, rank["rank"])
-            for st in rank["steps"]:
-                total = sum(st[p] for p in gpuwait.PARTS)
-                assert total == pytest.approx(st["step_s"], rel=gpuwait.ADD_UP_REL_TOL), \
-                    (name, rank["rank"], st)
-                assert st["barrier_s"] == 0.0
-        gw = phase(ddp, name)["gpu_wait"]
-        assert gw["parts_add_up"] and gw["rank_steps"] == len(ranks) * (STEPS - 1), gw
-        for r in range(len(ranks)):     # the rank's own record: DDP's keys beside the parts
-            rec = json.loads((run_dir / "job" / name / f"rank{r}.json").read_text())
+        assert all(len(rank["steps"]) == STEPS for rank in ranks), name
+        assert phase(ddp, name)["gpu_wait"]["rank_steps"] == len(ranks) * (STEPS - 1)
+        recs = [json.loads((run_dir / "job" / name / f"rank{r}.json").read_text())
+                for r in range(len(ranks))]
+        for rec in recs:
             assert rec["loader"]["steps"] == STEPS, rec["loader"]
-            for st in rec["steps"]:
-                assert st["compute_s"] == pytest.approx(st["fwd_s"] + st["bwd_s"]
-                                                        + st["opt_s"], abs=3e-6), st
-                assert st["data_wait_s"] == pytest.approx(st["t_batch"] - st["t_start"],
-                                                          abs=2e-6), st
+            for a, b in itertools.pairwise(rec["steps"]):
+                assert b["t_start"] >= a["t_end"], (name, a, b)
+            for st in rec["steps"]:      # the loader's batch was made before the rank had it
+                assert st["batch"]["t_ready"] <= st["t_batch"] + 1e-6, st
+        for rows in zip(*(rec["steps"] for rec in recs), strict=True):
+            ready = max(st["t_compute_end"] for st in rows)
+            assert all(st["t_comm_end"] >= ready for st in rows), (name, rows)
 
 
 def test_the_loaders_bytes_are_the_batches_the_ranks_took(ddp):
