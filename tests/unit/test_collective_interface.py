@@ -5,6 +5,8 @@ fabric's."""
 
 from __future__ import annotations
 
+import ipaddress
+
 import pytest
 
 from lab import run
@@ -29,9 +31,19 @@ def test_an_interface_that_is_not_there_is_refused(sets: list[str], field: str,
 
 
 def test_the_management_network_is_described_with_its_own_addresses() -> None:
+    """Every host has a management address, each its own, all in the management subnet
+    and none in the fabric's: a connection's addresses alone say which network it used.
+    Each host's management link (its own interface and MAC) runs at the rate set."""
     plan = run.make_plans("gpu-wait", sets=["topology.mgmt_bw=5"])[0]
     mgmt = plan.topo_desc["mgmt"]
     fabric = {h["name"]: h["ip"] for h in plan.topo_desc["hosts"]}
     assert {h["name"] for h in mgmt["hosts"]} == set(fabric)
-    assert all(h["ip"] != fabric[h["name"]] for h in mgmt["hosts"])
-    assert mgmt["bw_mbps"] == 5.0
+    subnet = ipaddress.ip_network(mgmt["subnet"])
+    ips = [ipaddress.ip_address(h["ip"]) for h in mgmt["hosts"]]
+    assert len(set(ips)) == len(ips) and all(ip in subnet for ip in ips)
+    assert not any(ipaddress.ip_address(ip) in subnet for ip in fabric.values())
+    assert len({h["mac"] for h in mgmt["hosts"]}) == len(mgmt["hosts"])
+    fabric_macs = {h["mac"] for h in plan.topo_desc["hosts"]}
+    assert not {h["mac"] for h in mgmt["hosts"]} & fabric_macs
+    assert {ln["a"] for ln in mgmt["links"]} == set(fabric)
+    assert {ln["bw_mbps"] for ln in mgmt["links"]} == {5.0} and mgmt["bw_mbps"] == 5.0

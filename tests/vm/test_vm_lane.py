@@ -273,9 +273,18 @@ def test_streaming_incident_on_real_media_in_the_guest(session):
 
 @pytest.mark.vm_full
 def test_allreduce_on_the_kernel_datapath(session):
+    """The ring on the kernel datapath: every phase ran without error, every ring hop
+    carried bytes on one clean path, and the links' counters agree with the flows'."""
     r = guest_result(session, "allreduce")
     assert r["environment"]["datapath"] == "kernel"
     assert r["metrics"]["phases"]
+    for name, m in r["metrics"]["phases"].items():
+        assert m["errors"] == [], (name, m["errors"])
+        d = r["phase_details"][name]
+        ring = [f for f in d["flows"] if f["kind"] == "allreduce"]
+        assert ring and all(f["bytes"] > 0 and f["path_clean"] for f in ring), name
+        seen = {**r, "links": d["links"], "flows": d["flows"]}
+        assert check_links_agree_with_flows(seen) == [], name
 
 
 def test_kill_9_in_the_guest_then_clean(session):
