@@ -34,7 +34,7 @@ from controllers import config as controller_config
 from controllers import routing
 from controllers.policies import is_file_spec
 from lab import run
-from lab.grade import exercise, exercises
+from lab.grade import exercise, exercises, jail
 from lab.grade.exercise import Exercise, NotAnAnswerError, Outcome
 from lab.machine import state
 from lab.model import junit
@@ -66,19 +66,23 @@ class Graded:
 
 def sandbox(mode: str, path: Path | str, given: dict[str, Any], timeout: float,
             scratch: Path) -> dict[str, Any]:
-    """Run the answer's code in ``lab.grade.runner`` in its own session, at most
-    ``timeout`` seconds; the session is killed afterwards, so nothing it started survives."""
-    given_path, out_path = scratch / f"{mode}-in.json", scratch / f"{mode}-out.json"
-    given_path.write_text(json.dumps(given))
-    out_path.unlink(missing_ok=True)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(exercise.REPO)] + (
-        [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.pop(state.RUN_ENV, None)
-    proc = subprocess.Popen([sys.executable, "-m", "lab.grade.runner", mode, str(path),
-                             str(given_path), str(out_path)],
-                            cwd=scratch, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    """Run the answer's code through ``lab.grade.runner`` in the jail (``lab.grade.jail``:
+    not root, its own file system with only the answer, its input and ``/work``, no
+    network), at most ``timeout`` seconds; its session, and so its PID namespace, is killed
+    afterwards, so nothing it started survives."""
+    work = scratch / f"{mode}-work"
+    work.mkdir()
+    out_path = work / f"{mode}-out.json"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(exercise.REPO)}
+    if os.geteuid() != 0:
+        # Not root: the answer runs with this user's own rights, which are not the lab's.
+        (work / f"{mode}-in.json").write_text(json.dumps(given))
+        argv = [sys.executable, "-m", "lab.grade.runner", mode, str(path),
+                str(work / f"{mode}-in.json"), str(out_path)]
+    else:
+        argv = _jailed(mode, path, given, timeout, scratch, work)
+    proc = subprocess.Popen(argv, cwd=scratch, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + timeout
     try:
@@ -92,15 +96,37 @@ def sandbox(mode: str, path: Path | str, given: dict[str, Any], timeout: float,
         # The child's whole session by its id (the child leads it): what the answer forked too.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        _, err = proc.communicate()
     if timed_out:
         return {"ok": False, "error": f"did not finish within {timeout:g} s (an endless "
                                       f"loop?); stopped", "timed_out": True}
     try:
         return json.loads(out_path.read_text())
     except (OSError, ValueError):
+        why = err.decode(errors="replace").strip().splitlines()
         return {"ok": False, "error": f"the child process died (exit status "
-                                      f"{proc.returncode}) without an answer"}
+                                      f"{proc.returncode}) without an answer"
+                                      + (f": {why[-1]}" if why else "")}
+
+
+def _jailed(mode: str, path: Path | str, given: dict[str, Any], timeout: float,
+            scratch: Path, work: Path) -> list[str]:
+    """The command that runs the answer in the jail: its input as the jail names it."""
+    os.chown(work, *jail.nobody())
+    file, _, cls = str(path).partition(".py:")
+    answer = Path(file if file.endswith(".py") else file + ".py").resolve()
+    given = dict(given)
+    inp = Path(given["argument"]) if "argument" in given else None
+    if inp is not None:
+        given["argument"] = f"{jail.INPUT}/{inp.name}"
+    (work / f"{mode}-in.json").write_text(json.dumps(given))
+    spec = {"root": str(scratch / f"{mode}-root"), "mode": mode, "timeout_s": timeout,
+            "answer": str(answer), "input": str(inp) if inp else None, "work": str(work),
+            "answer_in_jail": f"{jail.ANSWER}/{answer.name}" + (f":{cls}" if cls else "")}
+    spec_path = scratch / f"{mode}-jail.json"
+    spec_path.write_text(json.dumps(spec))
+    return ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child",
+            sys.executable, jail.__file__, str(spec_path)]
 
 
 def ask_policy(spec: str, flows: list[FlowSpec], probes: list[tuple[str, list[int]]],

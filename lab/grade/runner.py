@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import time
 import traceback
@@ -72,6 +73,7 @@ def call(path: Path, given: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     mode, file, given_path, out_path = argv
+    me = os.getpid()
     # A policy may be named file.py:Class; the answer's own lines are the file's.
     path = Path(file if file.endswith(".py") else file.rpartition(":")[0]).resolve()
     given = json.loads(Path(given_path).read_text())
@@ -81,7 +83,11 @@ def main(argv: list[str]) -> int:
         msg = str(exc).split(": ", 1)[-1] if type(exc).__name__ == "PolicyFileError" \
             else where(exc, path)
         out = {"ok": False, "error": msg}
-    Path(out_path).write_text(json.dumps(out))
+    if os.getpid() != me:           # a process the answer forked: the answer is not its
+        os._exit(0)
+    tmp = Path(f"{out_path}.tmp")
+    tmp.write_text(json.dumps(out))
+    tmp.replace(out_path)           # whole or not at all, whatever else is still running
     return 0
 
 
