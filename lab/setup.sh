@@ -88,22 +88,14 @@ fi
 # --- 3. Open vSwitch, as this kernel allows ------------------------------------------------
 "$SYS_PY" "$REPO/lab/machine/ovs_service.py" ensure
 
-# --- 3b. hls.js for the browser viewer of real media (npm, pinned; kept off the repo) -------
-HLSJS_VERSION=1.7.4
+# --- 3b. hls.js for the browser viewer of real media (pinned, sha512-checked; off the repo) --
+# From the npm registry without npm, which a plain Debian 12 does not have:
+# lab/machine/hlsjs.py (the same layout `npm install --prefix` leaves).
 HLSJS_DIR="${HLSJS_DIR:-/var/cache/fabriclab/hlsjs}"
-hlsjs_pkg="$HLSJS_DIR/node_modules/hls.js"
-hlsjs_have=$(sed -n 's/^  "version": "\([^"]*\)",\{0,1\}$/\1/p' "$hlsjs_pkg/package.json" \
-    2>/dev/null || true)
-if [ "$hlsjs_have" = "$HLSJS_VERSION" ] && [ -s "$hlsjs_pkg/dist/hls.min.js" ]; then
-    say "hls.js $HLSJS_VERSION present"
-elif command -v npm >/dev/null 2>&1; then
-    say "installing hls.js $HLSJS_VERSION into $HLSJS_DIR"
-    mkdir -p "$HLSJS_DIR"
-    npm install --prefix "$HLSJS_DIR" --no-audit --no-fund --loglevel=error \
-        "hls.js@$HLSJS_VERSION" \
-        || say "hls.js could not be installed (the streaming runs skip the browser viewer)"
+if line=$("$SYS_PY" "$REPO/lab/machine/hlsjs.py" ensure "$HLSJS_DIR"); then
+    say "$line"
 else
-    say "npm not found: hls.js not installed (the streaming runs skip the browser viewer)"
+    say "hls.js not installed (the streaming runs skip the browser viewer)"
 fi
 fi
 
