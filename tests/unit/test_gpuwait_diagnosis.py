@@ -137,13 +137,14 @@ def test_a_straggler_is_one_rank_computing_longer_all_along() -> None:
 
 
 def test_a_mix_names_both_largest_first() -> None:
-    got = named(*phase(data_wait=0.15, exposed=0.55, ideal=0.3, others=BESIDE,
+    got = named(*phase(data_wait=0.25, exposed=0.6, ideal=0.3, others=BESIDE,
                        other_jobs=OTHER_JOB))
     assert got == ["other-job", "data"]
 
 
-@pytest.mark.parametrize("share, is_named", [(0.099, False), (0.101, True)])
-def test_a_cause_is_named_from_a_tenth_of_the_step(share: float, is_named: bool) -> None:
+@pytest.mark.parametrize("share, is_named", [(gpuwait.NAMED_MIN_SHARE - 0.001, False),
+                                             (gpuwait.NAMED_MIN_SHARE + 0.001, True)])
+def test_a_cause_is_named_from_its_share_of_the_step(share: float, is_named: bool) -> None:
     assert (named(*phase(data_wait=share, exposed=0.4, fetch_share=1.0)) == ["data"]) \
         is is_named
     beyond = phase(exposed=0.4 + share, ideal=0.4, others=BESIDE)

@@ -59,7 +59,7 @@ def causes(metrics: dict[str, Any], details: dict[str, Any],
     #          busiest link it shared carried mostly another job.
     #       5. how much longer it computed than the step's median rank (the others waited
     #          for it): straggler, if one rank's mean compute is well over the fastest's.
-    #       6. name each cause holding at least a tenth of the step.
+    #       6. name each cause holding at least 15 % of the step.
     return []
 
 

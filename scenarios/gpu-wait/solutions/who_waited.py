@@ -17,7 +17,7 @@
 5. The other ranks waited, inside their all-reduce, for however much longer that rank
    computed than the step's median rank: a ``straggler``'s, when one rank computes 1.2x
    longer than the fastest all along.
-6. Name a cause when it holds at least a tenth of the step, the largest first.
+6. Name a cause when it holds at least 15 % of the step, the largest first.
 
 ``fabriclab diagnose`` does the same (lab/analysis/gpuwait.py) and says so with its evidence.
 """
@@ -34,8 +34,10 @@ from typing import Any
 EXERCISE = "who-waited"     # `fabriclab grade` finds the exercise by this line
 
 #: A cause holding the GPUs for less than this share of the step is noise: a healthy step
-#: waits 0.04 % for data and spends under 2 % beyond the all-reduce's ideal.
-NAMED_MIN_SHARE = 0.10
+#: waits 0.04 % for data and spends under 3 % beyond the all-reduce's ideal, and beside
+#: another job on links of its own, up to 11 % (the emulator's shared CPU); an injected
+#: cause holds 29 % or more.
+NAMED_MIN_SHARE = 0.15
 PARTS = ("data_wait", "compute", "exposed_comm", "barrier")
 
 
