@@ -345,7 +345,7 @@ def assemble(plan: Plan, phases: dict[str, Any], loss: float,
         lab_cpu_pct=p["metrics"]["lab_cpu_pct"], valid=p["metrics"]["fidelity_valid"],
         cpu=headroom.cpu_fields(p["metrics"]),
         details={k: p[k] for k in ("duration_s", "links", "flows", "cpu_idle_pct", "gpu_wait",
-                                   "t_window_start")
+                                   "t_window_start", "scheduler")
                  if k in p})
         for n, p in phases.items()}
     part = phased_part(plan, counts, first, metrics, notes=notes, valid=loss == 0,
