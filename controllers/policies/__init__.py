@@ -90,6 +90,14 @@ def is_file_spec(spec: str) -> bool:
     return path.endswith(".py")
 
 
+def split_file_spec(spec: str) -> tuple[str, str]:
+    """(the file, the class named or "") of ``file.py`` or ``file.py:Class``."""
+    if spec.endswith(".py"):
+        return spec, ""
+    path_text, _, class_name = spec.rpartition(":")
+    return path_text, class_name
+
+
 def spec_of(cls: type[HashPolicy]) -> str:
     """The string that resolves back to ``cls``: its registered name, or ``file.py:Class``."""
     if cls.name and _registry().get(cls.name) is cls:
@@ -147,9 +155,7 @@ def load_file(spec: str) -> type[HashPolicy]:
     ``granularity``. The controller runs this same function at start-up, so a policy that
     passes here is the policy the switches get.
     """
-    path_text, class_name = spec, ""
-    if not spec.endswith(".py"):
-        path_text, _, class_name = spec.rpartition(":")
+    path_text, class_name = split_file_spec(spec)
     where = f"policy-file: {path_text}"
     try:
         path = Path(path_text).expanduser().resolve()

@@ -32,7 +32,7 @@ from typing import Any
 
 from controllers import config as controller_config
 from controllers import routing
-from controllers.policies import is_file_spec
+from controllers.policies import is_file_spec, split_file_spec
 from lab import run
 from lab.grade import exercise, exercises, jail
 from lab.grade.exercise import Exercise, NotAnAnswerError, Outcome
@@ -76,11 +76,11 @@ def sandbox(mode: str, path: Path | str, given: dict[str, Any], timeout: float,
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(exercise.REPO)}
     if os.geteuid() != 0:
         # Not root: the answer runs with this user's own rights, which are not the lab's.
-        (work / f"{mode}-in.json").write_text(json.dumps(given))
         argv = [sys.executable, "-m", "lab.grade.runner", mode, str(path),
                 str(work / f"{mode}-in.json"), str(out_path)]
     else:
-        argv = _jailed(mode, path, given, timeout, scratch, work)
+        argv, given = _jailed(mode, path, given, timeout, scratch, work)
+    (work / f"{mode}-in.json").write_text(json.dumps(given))
     proc = subprocess.Popen(argv, cwd=scratch, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -110,23 +110,23 @@ def sandbox(mode: str, path: Path | str, given: dict[str, Any], timeout: float,
 
 
 def _jailed(mode: str, path: Path | str, given: dict[str, Any], timeout: float,
-            scratch: Path, work: Path) -> list[str]:
-    """The command that runs the answer in the jail: its input as the jail names it."""
+            scratch: Path, work: Path) -> tuple[list[str], dict[str, Any]]:
+    """The command that runs the answer in the jail, and what it is given as the jail
+    names it (its input under ``jail.INPUT``)."""
     os.chown(work, *jail.nobody())
-    file, _, cls = str(path).partition(".py:")
-    answer = Path(file if file.endswith(".py") else file + ".py").resolve()
+    file, cls = split_file_spec(str(path))
+    answer = Path(file).resolve()
     given = dict(given)
     inp = Path(given["argument"]) if "argument" in given else None
     if inp is not None:
         given["argument"] = f"{jail.INPUT}/{inp.name}"
-    (work / f"{mode}-in.json").write_text(json.dumps(given))
     spec = {"root": str(scratch / f"{mode}-root"), "mode": mode, "timeout_s": timeout,
             "answer": str(answer), "input": str(inp) if inp else None, "work": str(work),
             "answer_in_jail": f"{jail.ANSWER}/{answer.name}" + (f":{cls}" if cls else "")}
     spec_path = scratch / f"{mode}-jail.json"
     spec_path.write_text(json.dumps(spec))
     return ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child",
-            sys.executable, jail.__file__, str(spec_path)]
+            sys.executable, jail.__file__, str(spec_path)], given
 
 
 def ask_policy(spec: str, flows: list[FlowSpec], probes: list[tuple[str, list[int]]],
@@ -168,8 +168,7 @@ def check_policy_files(given: run.CheckedInput, policy: str | None) -> None:
     controller that hangs until the run's bring-up times out."""
     if policy is None or not is_file_spec(policy):
         return
-    path_text, _, cls = policy.rpartition(":") if not policy.endswith(".py") else (policy,
-                                                                                   "", "")
+    path_text, cls = split_file_spec(policy)
     spec = str(Path(path_text).expanduser().resolve()) + (f":{cls}" if cls else "")
     with tempfile.TemporaryDirectory(prefix="fabriclab-policy-") as scratch:
         answer = ask_policy(spec, planned_flows(given), choice_points(given.topo_desc),

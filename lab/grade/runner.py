@@ -74,8 +74,9 @@ def call(path: Path, given: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     mode, file, given_path, out_path = argv
     me = os.getpid()
+    from controllers.policies import split_file_spec
     # A policy may be named file.py:Class; the answer's own lines are the file's.
-    path = Path(file if file.endswith(".py") else file.rpartition(":")[0]).resolve()
+    path = Path(split_file_spec(file)[0]).resolve()
     given = json.loads(Path(given_path).read_text())
     try:
         out = {"ok": True, **(decide(file, given) if mode == "policy" else call(path, given))}

@@ -47,9 +47,9 @@ class RouteWatch(threading.Thread):
         self._sock = rtnl_socket(pid, RTMGRP_IPV4_ROUTE)
         self._sock.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, RTNLGRP_NEXTHOP)
         self._sock.setblocking(False)
-        self._first = netlink(pid).route_devs(prefix)
-        if dev not in self._first:
-            self.error = f"{dev} is not in the route to {prefix} before the cut: {self._first}"
+        first = netlink(pid).route_devs(prefix)
+        if dev not in first:
+            self.error = f"{dev} is not in the route to {prefix} before the cut: {first}"
 
     def run(self) -> None:
         try:

@@ -10,17 +10,17 @@ map says neither the ring's order nor what a phase injected.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
+
+from lab.analysis.partition import natural_key
 
 #: The job whose ranks' steps the phase records: the one diagnosed.
 DIAGNOSED = "job-1"
 
 
 def _in_name_order(hosts: Iterable[str]) -> list[str]:
-    return sorted(set(hosts), key=lambda h: [int(t) if t.isdigit() else t
-                                             for t in re.split(r"(\d+)", h)])
+    return sorted(set(hosts), key=natural_key)
 
 
 def scheduler_map(job_hosts: Iterable[str], other_job_hosts: Iterable[str],
