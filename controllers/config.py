@@ -89,6 +89,9 @@ class Config:
     ports: tuple[Port, ...] = ()
     ecn_mechanism: str = "none"
     build_dir: str = ""
+    #: Where a policy file's jail answers (an inherited socket), when the lab started one:
+    #: the file is then asked there (``controllers.policies.remote``), never run here.
+    policy_fd: int | None = None
 
     def switch_by_dpid(self) -> dict[int, str]:
         return {s.dpid: s.name for s in self.switches}
@@ -249,15 +252,22 @@ def parse(raw: Any) -> Config:
     if not isinstance(build_dir, str):
         raise ConfigError(f"ecn.build_dir: expected a path, got {build_dir!r}")
     policy = _str(_get(raw, "policy", "config"), "policy")
-    try:
-        policies.resolve(policy)
-    except policies.UnknownPolicy as exc:
-        raise ConfigError(str(exc)) from None
+    policy_fd = raw.get("policy_fd")
+    if policy_fd is not None:
+        policy_fd = _int(policy_fd, "policy_fd", 0, 65535)
+        if not policies.is_file_spec(policy):
+            raise ConfigError("policy_fd: given for a registered policy, which needs no jail")
+    else:
+        try:
+            policies.resolve(policy)    # a file given without a jail: the user's own rights
+        except policies.UnknownPolicy as exc:
+            raise ConfigError(str(exc)) from None
     return Config(policy=policy, seed=_int(raw.get("seed", 0), "seed", -(2**63), 2**63 - 1),
                   control_socket=_str(_get(raw, "control_socket", "config"),
                                       "control_socket"),
                   switches=switches, hosts=tuple(hosts), links=tuple(links),
-                  ports=tuple(ports), ecn_mechanism=mechanism, build_dir=build_dir)
+                  ports=tuple(ports), ecn_mechanism=mechanism, build_dir=build_dir,
+                  policy_fd=policy_fd)
 
 
 def load(path: str | os.PathLike[str]) -> Config:

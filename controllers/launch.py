@@ -96,10 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["FABRICLAB_CONTROLLER_CONFIG"] = str(Path(args.config).resolve())
     setup_logging(args.log, args.log_level)
 
-    from controllers import config
+    from controllers import config, policies
+    from controllers.policies import remote
     try:
         cfg_file = config.load(args.config)   # fail before anything listens
-    except config.ConfigError as exc:
+        if cfg_file.policy_fd is not None:
+            policies.set_file_loader(remote.fd_loader(cfg_file.policy_fd))
+            policies.resolve(cfg_file.policy)
+    except (config.ConfigError, policies.UnknownPolicy, remote.PolicyCallError) as exc:
         LOG.error("%s", exc)
         return 2
 

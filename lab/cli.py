@@ -557,6 +557,8 @@ def _cluster_parser(sub: Subparsers) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from lab.machine import jail
+    jail.guard_policy_files()       # a user's policy file never runs with root's rights
     try:
         return args.func(args)
     except LabError as exc:

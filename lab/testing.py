@@ -99,6 +99,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The lab resolves the policy's file as ``fabriclab run`` does: in a jail when root.
+    from lab.machine import jail
+    jail.guard_policy_files()
     # Mininet's own use of distutils, not the user's code: keep their warning summary theirs.
     config.addinivalue_line("filterwarnings",
                             "ignore:distutils Version classes are deprecated:DeprecationWarning")

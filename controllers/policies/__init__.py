@@ -16,13 +16,14 @@ import importlib
 import inspect
 import pkgutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 from controllers.policies.base import GRANULARITIES, FlowKey, HashPolicy
 
 __all__ = ["FlowKey", "HashPolicy", "PolicyFileError", "UnknownPolicy", "available", "get",
-           "is_file_spec", "load_file", "resolve", "spec_of"]
+           "is_file_spec", "load_file", "resolve", "set_file_loader", "spec_of"]
 
 
 class UnknownPolicy(ValueError):  # noqa: N818 - the lab's API name
@@ -102,6 +103,8 @@ def spec_of(cls: type[HashPolicy]) -> str:
     """The string that resolves back to ``cls``: its registered name, or ``file.py:Class``."""
     if cls.name and _registry().get(cls.name) is cls:
         return cls.name
+    if getattr(cls, "file_spec", None):       # a policy file asked across a channel
+        return str(cls.file_spec)
     source = inspect.getsourcefile(cls)
     if source is None:
         raise PolicyFileError(f"policy-file: {cls.__qualname__} has no source file: define "
@@ -197,8 +200,21 @@ def load_file(spec: str) -> type[HashPolicy]:
     return cls
 
 
+#: How a policy file becomes a class; ``None``: ``load_file``, in this process.
+_FILE_LOADER: Callable[[str], type[HashPolicy]] | None = None
+
+
+def set_file_loader(loader: Callable[[str], type[HashPolicy]] | None) -> None:
+    """Make ``resolve`` turn policy files into classes with ``loader`` (``None``: by
+    ``load_file`` in this process). A process running as root sets one that loads the
+    file in a jail and asks it across a channel (``controllers.policies.remote``), so the
+    file's code never runs with its rights."""
+    global _FILE_LOADER
+    _FILE_LOADER = loader
+
+
 def resolve(spec: str) -> type[HashPolicy]:
     """A registered policy by name, or a user's policy class by ``file.py[:Class]``."""
     if is_file_spec(spec):
-        return load_file(spec)
+        return (_FILE_LOADER or load_file)(spec)
     return get(spec)

@@ -34,9 +34,9 @@ from controllers import config as controller_config
 from controllers import routing
 from controllers.policies import is_file_spec, split_file_spec
 from lab import run
-from lab.grade import exercise, exercises, jail
+from lab.grade import exercise, exercises
 from lab.grade.exercise import Exercise, NotAnAnswerError, Outcome
-from lab.machine import state
+from lab.machine import jail, state
 from lab.model import junit
 from lab.model.errors import BusyError, LabError, ScenarioError
 from lab.model.flows import FlowSpec
@@ -66,7 +66,7 @@ class Graded:
 
 def sandbox(mode: str, path: Path | str, given: dict[str, Any], timeout: float,
             scratch: Path) -> dict[str, Any]:
-    """Run the answer's code through ``lab.grade.runner`` in the jail (``lab.grade.jail``:
+    """Run the answer's code through ``lab.machine.jail_runner`` in the jail (``lab.machine.jail``:
     not root, its own file system with only the answer, its input and ``/work``, no
     network), at most ``timeout`` seconds; its session, and so its PID namespace, is killed
     afterwards, so nothing it started survives."""
@@ -76,7 +76,7 @@ def sandbox(mode: str, path: Path | str, given: dict[str, Any], timeout: float,
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(exercise.REPO)}
     if os.geteuid() != 0:
         # Not root: the answer runs with this user's own rights, which are not the lab's.
-        argv = [sys.executable, "-m", "lab.grade.runner", mode, str(path),
+        argv = [sys.executable, "-m", "lab.machine.jail_runner", mode, str(path),
                 str(work / f"{mode}-in.json"), str(out_path)]
     else:
         argv, given = _jailed(mode, path, given, timeout, scratch, work)
@@ -113,20 +113,11 @@ def _jailed(mode: str, path: Path | str, given: dict[str, Any], timeout: float,
             scratch: Path, work: Path) -> tuple[list[str], dict[str, Any]]:
     """The command that runs the answer in the jail, and what it is given as the jail
     names it (its input under ``jail.INPUT``)."""
-    os.chown(work, *jail.nobody())
-    file, cls = split_file_spec(str(path))
-    answer = Path(file).resolve()
     given = dict(given)
     inp = Path(given["argument"]) if "argument" in given else None
     if inp is not None:
         given["argument"] = f"{jail.INPUT}/{inp.name}"
-    spec = {"root": str(scratch / f"{mode}-root"), "mode": mode, "timeout_s": timeout,
-            "answer": str(answer), "input": str(inp) if inp else None, "work": str(work),
-            "answer_in_jail": f"{jail.ANSWER}/{answer.name}" + (f":{cls}" if cls else "")}
-    spec_path = scratch / f"{mode}-jail.json"
-    spec_path.write_text(json.dumps(spec))
-    return ["unshare", "--mount", "--net", "--pid", "--fork", "--kill-child",
-            sys.executable, jail.__file__, str(spec_path)], given
+    return jail.command(mode, str(path), work, scratch, timeout, inp), given
 
 
 def ask_policy(spec: str, flows: list[FlowSpec], probes: list[tuple[str, list[int]]],

@@ -4,6 +4,11 @@ The controller is a separate process running under the chosen runtime's interpre
 in the lab's venv, or Ryu 4.34 in its own), listening for OpenFlow on 127.0.0.1 only. The
 lab hands it the topology in a config file (the controller never guesses it) and then asks it
 over JSON lines whether every switch is programmed, and to install per-flow counters.
+
+A policy in a user's file never runs in the controller, which runs as root: the lab loads it
+in a jail of its own (``lab.machine.jail.PolicyJail``) and hands the controller that jail's
+socket, over which it asks for each decision. The jail outlives a controller restart, as a
+decision service would, and is stopped with the run.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from controllers.policies import is_file_spec
 from lab.machine.environment import REPO_ROOT, runtime_python
+from lab.machine.jail import PolicyJail
 from lab.machine.state import RUN_ENV, RunRecord
 from lab.model.errors import MachineError
 
@@ -42,8 +49,15 @@ class Controller:
         self.config_path = run_dir / "controller.json"
         self.log_path = run_dir / "controller.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.policy_jail: PolicyJail | None = None
 
     def start(self) -> None:
+        policy = str(self.config.get("policy", ""))
+        if is_file_spec(policy) and os.geteuid() == 0 and self.policy_jail is None:
+            self.policy_jail = PolicyJail(policy, log=self.run_dir / "policy.log",
+                                          env={RUN_ENV: self.record.run_id})
+            self.record.add_pid(self.policy_jail.pid, "policy-jail")
+            self.config["policy_fd"] = self.policy_jail.sock.fileno()
         self.config_path.write_text(json.dumps(self.config, indent=1))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
@@ -55,7 +69,9 @@ class Controller:
         with open(self.log_path, "ab") as log:
             # Own session: a Ctrl-C in the terminal reaches the lab, which stops us in order.
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         cwd=str(REPO_ROOT), start_new_session=True)
+                                         cwd=str(REPO_ROOT), start_new_session=True,
+                                         pass_fds=[int(self.config["policy_fd"])]
+                                         if "policy_fd" in self.config else ())
         self.record.add_pid(self.proc.pid, "controller")
         self._wait_socket()
 
@@ -123,11 +139,13 @@ class Controller:
         self.start()
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.policy_jail is not None:
+            self.policy_jail.close()
+            self.policy_jail = None

@@ -1,4 +1,4 @@
-"""A graded answer runs in the jail (``lab.grade.jail``): not root, with only its input and
+"""A graded answer runs in the jail (``lab.machine.jail``): not root, with only its input and
 ``/work`` to see, no network, under limits. Hostile answers, each as a student could write
 it, fail with one line, leave nothing behind, and cost seconds; an honest one still works.
 

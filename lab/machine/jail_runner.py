@@ -1,11 +1,13 @@
-"""The child process an answer's code runs in, time-bounded by the grader (``sandbox``).
+"""The process a file the lab did not write runs in (in the jail, ``lab.machine.jail``).
 
-``python -m lab.grade.runner MODE FILE IN.json OUT.json``. MODE ``policy``: load the policy
-file as the controller does (``controllers.policies.load_file``) and ask ``choose()`` about
-the run's own flows at the exercise's switches. MODE ``analysis``: import the file and call
-its function on the given input. Either way OUT.json says ``{"ok": true, "value": ...,
+``python -m lab.machine.jail_runner MODE FILE IN.json OUT.json``. MODE ``policy``: load the
+policy file as the controller does (``controllers.policies.load_file``) and ask ``choose()``
+about the run's own flows at the exercise's switches. MODE ``analysis``: import the file and
+call its function on the given input. Either way OUT.json says ``{"ok": true, "value": ...,
 "seconds": ...}`` or ``{"ok": false, "error": "one line"}``; an answer that loops is the
-parent's to stop (it kills this process's whole session).
+parent's to stop (it kills this process's whole session). MODE ``serve`` (``FILE`` only):
+answer requests about the policy on standard input and output
+(``controllers.policies.remote.serve``) until the asker closes its end.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ def call(path: Path, given: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    if argv[0] == "serve":
+        from controllers.policies import remote
+        return remote.main(argv[1:])
     mode, file, given_path, out_path = argv
     me = os.getpid()
     from controllers.policies import split_file_spec
