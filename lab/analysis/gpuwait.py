@@ -145,14 +145,41 @@ def carried_bytes(flow: dict[str, Any]) -> int:
     return max(flow.get("sent_bytes") or 0, flow.get("received_bytes") or 0)
 
 
-def storage_links(details: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per storage host (a loader flow's source): what its loader flows carried, against
+def port_rates(topology: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """Each link's rate (Mbit/s) as the fabric was built, both ways, fabric and management
+    networks: what an operator knows of a port without the lab's settings. Read where a
+    link's record carries no rate of its own (a stripped result)."""
+    out: dict[tuple[str, str], float] = {}
+    for ln in [*topology.get("links", []), *(topology.get("mgmt") or {}).get("links", [])]:
+        out[(ln["a"], ln["b"])] = out[(ln["b"], ln["a"])] = ln["bw_mbps"]
+    return out
+
+
+def _rate(ln: dict[str, Any], rates: dict[tuple[str, str], float]) -> float | None:
+    """A link record's rate in force, else its rate as built."""
+    return ln.get("bw_mbps") or rates.get((ln.get("node"), ln.get("peer")))
+
+
+def _util(ln: dict[str, Any], rates: dict[tuple[str, str], float], dur: float) -> float | None:
+    """A link record's mean utilisation, else its bytes over the phase at its rate as built."""
+    if ln.get("util_mean") is not None:
+        return ln["util_mean"]
+    bw = _rate(ln, rates)
+    return round(ln["tx_bytes"] * 8 / (bw * 1e6 * dur), 4) if bw and dur and \
+        ln.get("tx_bytes") is not None else None
+
+
+def storage_links(details: dict[str, Any],
+                  topology: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Each storage host that sent the loaders data: its loader bytes over the phase against
     the rate of its own link in the phase, as a utilisation over the phase, on the network
     those flows used (their ``interface``, read from their addresses: the fabric, or a
-    storage network of its own); with the switch port of that link and its drops.
+    storage network of its own); with the switch port of that link and its drops. The rate
+    is the link record's, else (a stripped result) the port's as built (``port_rates``).
 
     The host's own egress, where its batches queue, is not a switch port: its bytes are
     the flows'. Off the fabric those are TCP's payload, a few per cent under the wire's."""
+    rates = port_rates(topology or {})
     ports = {(ln.get("role", "fabric"), ln["peer"]): ln for ln in details.get("links", [])}
     sent: dict[str, int] = {}
     network: dict[str, str] = {}
@@ -163,7 +190,7 @@ def storage_links(details: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for host, nbytes in sorted(sent.items()):
         ln = ports.get((network[host], host)) or {}
-        bw = ln.get("bw_mbps")
+        bw = _rate(ln, rates) if ln else None
         util = nbytes * 8 / (bw * 1e6 * dur) if bw and dur else None
         out.append({"host": host, "network": network[host], "port": ln.get("intf"),
                     "bytes": nbytes, "bw_mbps": bw,
@@ -233,7 +260,8 @@ def best_bottleneck_bps(topology: dict[str, Any], details: dict[str, Any]) -> fl
     return best * 1e6
 
 
-def shared_links(details: dict[str, Any]) -> list[dict[str, Any]]:
+def shared_links(details: dict[str, Any],
+                 topology: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The links the job's all-reduce crossed (data direction), each with the bytes sent
     over it by whose traffic (``Scheduler.whose``: the job's own, its data, another job's,
     no job's), most shared first.
@@ -241,6 +269,7 @@ def shared_links(details: dict[str, Any]) -> list[dict[str, Any]]:
     A flow's bytes on the link from switch s are the bytes s counted for it (its
     ``hop_bytes``): what s forwarded onto that link."""
     links = {(ln["node"], ln["peer"]): ln for ln in details.get("links", [])}
+    rates, dur = port_rates(topology or {}), details.get("duration_s") or 0.0
     sched = Scheduler.of(details)
     per: dict[tuple[str, str], dict[str, int]] = {}
     job: set[tuple[str, str]] = set()
@@ -262,7 +291,7 @@ def shared_links(details: dict[str, Any]) -> list[dict[str, Any]]:
         total = sum(kinds.values())
         other = total - kinds.get(JOB, 0)
         ln = links[key]
-        out.append({"link": f"{key[0]}->{key[1]}", "util": ln.get("util_mean"),
+        out.append({"link": f"{key[0]}->{key[1]}", "util": _util(ln, rates, dur),
                     "drops": ln.get("drops", 0), "bytes": kinds,
                     "other_share": round(other / total, 3) if total else 0.0})
     # most shared where it mattered: another flow's share of a busy link first
@@ -275,7 +304,8 @@ def off_fabric(details: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for f in job_flows(details) if f.get("interface", "fabric") != "fabric"]
 
 
-def _off_fabric_text(flows: list[dict[str, Any]], details: dict[str, Any]) -> str:
+def _off_fabric_text(flows: list[dict[str, Any]], details: dict[str, Any],
+                     topology: dict[str, Any]) -> str:
     """Which network they used and what its links carried, as text."""
     if not flows:
         return ""
@@ -283,12 +313,13 @@ def _off_fabric_text(flows: list[dict[str, Any]], details: dict[str, Any]) -> st
     via = sorted({sw for f in flows for sw in f.get("path", [])})
     links = [ln for ln in details.get("links", []) if ln["node"] in via]
     carried = sum(ln["tx_bytes"] for ln in links)
-    busiest = max(links, key=lambda ln: ln.get("util_mean") or 0, default=None)
+    rates, dur = port_rates(topology), details.get("duration_s") or 0.0
+    busiest = max(links, key=lambda ln: _util(ln, rates, dur) or 0, default=None)
     text = (f"{', '.join(nets)} network via {', '.join(via)}, from {flows[0]['src_ip']}; "
             f"its ports carried {carried / 1e6:.1f} MB")
-    if busiest is not None:
+    if busiest is not None and (bw := _rate(busiest, rates)):
         text += (f", {busiest['node']}->{busiest['peer']} at "
-                 f"{_pct(busiest.get('util_mean') or 0)} of {busiest['bw_mbps']:g} Mbit/s")
+                 f"{_pct(_util(busiest, rates, dur) or 0)} of {bw:g} Mbit/s")
     return text
 
 
@@ -346,7 +377,7 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
     # (in no rank's own parts: the critical rank computed through it).
     idle = max(0.0, 1.0 - crit["compute"] + straggler)
     excess_comm = max(0.0, crit["exposed_comm"] + crit["barrier"] - ideal)
-    shared = shared_links(details)
+    shared = shared_links(details, topology)
     # The all-reduce beyond its ideal is the network's; whose traffic it met says whether
     # it was another job's.
     met = _dominant_other(shared[0]) if shared and shared[0]["other_share"] > 0 else None
@@ -358,7 +389,7 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
     hops = len(_job_hosts(details))
     uplinks = rack_uplinks(topology)
     crossed = sum(1 for sh in shared if tuple(sh["link"].split("->")) in uplinks)
-    links = storage_links(details)
+    links = storage_links(details, topology)
     evidence = {
         **_loader_evidence(gw, details, links),
         "placement": (f"the ring's bottleneck is {now_bps / 1e6:g} Mbit/s where a placement "
@@ -367,7 +398,8 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
                       f"uplinks; ideal all-reduce {_pct(ideal)} of the step against "
                       f"{_pct(ideal_best)} placed well"),
         "interface": (f"{len(wrong_nic)} of the job's all-reduce connections ran off the "
-                      f"fabric ({_off_fabric_text(wrong_nic, details)}); its bottleneck is "
+                      f"fabric ({_off_fabric_text(wrong_nic, details, topology)}); its "
+                      f"bottleneck is "
                       f"{now_bps / 1e6:g} Mbit/s where the fabric's NICs give "
                       f"{(best_bps or now_bps) / 1e6:g} Mbit/s"),
         "other-job": (f"all-reduce exposed {_pct(crit['exposed_comm'])} of the step "
@@ -449,6 +481,10 @@ SETTING_ECHOES = ("paths", "placement", "pins", "marking", "cc", "library", "pro
 FLOW_LABELS = ("id", "kind", "rank", "epoch", "offered_bps", "cc")
 #: What a loader's record echoes of its settings (its per-worker record is what it measured).
 LOADER_SETTINGS = ("workers", "prefetch", "batch_bytes", "cpu_ms")
+#: What a phase's link record holds of the rate the scenario set on it (a slowed storage
+#: link's rate is the cause to be found): the rate, and the utilisations made from it.
+#: What is left is what the port counted; its rate as built is the topology's.
+LINK_SETTINGS = ("bw_mbps", "util_mean", "util_max")
 
 
 def stripped(result: dict[str, Any]) -> dict[str, Any]:
@@ -461,7 +497,7 @@ def stripped(result: dict[str, Any]) -> dict[str, Any]:
     Gone: the scenario's name, description and parameters, the lab's diagnosis, everything
     keyed or ordered by the phase names (the run's timings, its first phase, the whole-run
     sections), the settings a phase's metrics echo, the settings in each loader's record
-    and the lab's labels on each flow."""
+    the rate each link was set to in the phase, and the lab's labels on each flow."""
     names = list(result["metrics"]["phases"])
     order = sorted(names)
     random.Random(json.dumps(result["metrics"]["phases"], sort_keys=True)).shuffle(order)
@@ -476,6 +512,9 @@ def stripped(result: dict[str, Any]) -> dict[str, Any]:
         for rank in d.get("gpu_wait", {}).get("ranks", []):
             for key in LOADER_SETTINGS:
                 (rank.get("loader") or {}).pop(key, None)
+        for ln in d.get("links", []):
+            for key in LINK_SETTINGS:
+                ln.pop(key, None)
     out = {k: copy.deepcopy(result[k]) for k in ("schema", "kind", "environment", "topology")
            if k in result}
     out["metrics"] = {"phases": copy.deepcopy(phases)}

@@ -12,8 +12,12 @@ are its flows' bytes.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from lab.analysis import gpuwait as diagnosis
 from lab.analysis.gpuwait import stripped
@@ -75,6 +79,11 @@ STRAGGLER_WAIT_MIN_S = 0.07
 
 #: What each phase injects (the grader's ground truth too): the diagnosis never sees it.
 INJECTED = who_waited.INJECTED
+SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "gpu-wait" / "scenario.yaml"
+#: Settings an operator has by other means, so a stripped result may hold them: a job's
+#: size is its hosts in the scheduler's map, and the NIC a connection used is its address.
+OPERATOR_HAS = {"job.workers": "the scheduler's map lists the job's hosts",
+                "job.interface": "a flow record's address says which NIC it used"}
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=lambda s: f"seed{s}")
@@ -194,6 +203,51 @@ def test_the_diagnosis_names_the_injected_cause_from_measurements_alone(r: dict)
         assert r["diagnosis"]["gpu_wait"][name]["named"] == d["named"]
     healthy = got[s["alias"]["healthy"]]
     assert healthy["gpu_idle_share"] < HEALTHY_IDLE_OVER_IDEAL_MAX + healthy["ideal_comm_share"]
+
+
+def settings(section: dict[str, Any], at: str = "") -> Iterator[tuple[str, Any]]:
+    """A scenario section's settings as (dotted path, value); a list is one value."""
+    for key, value in section.items():
+        if isinstance(value, dict):
+            yield from settings(value, f"{at}{key}.")
+        else:
+            yield f"{at}{key}", value
+
+
+def leaves(x: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    """Every leaf of a result as (its key, its value); a list as a whole and each item."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from leaves(v, str(k))
+    elif isinstance(x, list):
+        yield key, x
+        for v in x:
+            yield from leaves(v, key)
+    else:
+        yield key, x
+
+
+def test_a_stripped_result_holds_none_of_a_phase_s_settings(r: dict) -> None:
+    """Each phase's own settings in the scenario (what it injects) and the loader's, against
+    every leaf of that phase in the stripped result and of its topology: no leaf under a
+    setting's name holds the setting's value, and no rate is a rate the phase set (a
+    slowed link's rate would name the cause)."""
+    scenario = yaml.safe_load(SCENARIO.read_text())
+    s = stripped(r)
+    out = s["result"]
+    for name, alias in s["alias"].items():
+        given = [(k, v) for k, v in [*settings(scenario["phases"][name] or {}),
+                                     *settings({"loader": scenario["loader"]})]
+                 if k not in OPERATOR_HAS]
+        held = [*leaves(out["metrics"]["phases"][alias]), *leaves(out["phase_details"][alias]),
+                *leaves(out["topology"])]
+        for path, value in given:
+            hits = [(k, v) for k, v in held if k == path.rsplit(".", 1)[-1] and v == value]
+            assert not hits, (name, path, value, hits[:3])
+        rates = [v for k, v in given if k.endswith("_mbps")]
+        hits = [(k, v) for k, v in held if isinstance(v, int | float) and (
+            (k.endswith("_mbps") and v in rates) or (k.endswith("_bps") and v / 1e6 in rates))]
+        assert not hits, (name, rates, hits[:3])
 
 
 def test_the_others_wait_for_a_slow_ranks_compute(r: dict) -> None:

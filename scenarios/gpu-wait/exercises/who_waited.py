@@ -11,16 +11,17 @@ time per batch, no storage link setting, no diagnosis. Per phase there is what w
   ``t_compute_end``, ``warmup``) and its ``loader``'s record per worker
   (``loader["per_worker"]``: ``fetch_s`` fetching batches from storage, ``prep_wall_s``
   preprocessing them);
-- ``result["phase_details"][p]["links"]`` and ``["flows"]``: each link's rate, bytes and
-  utilisation, each connection's ends (``src``, ``dst``), path, bytes per switch
-  (``hop_bytes``) and the ``interface`` it used, as a flow record has them: no label says
-  what a connection is for;
+- ``result["phase_details"][p]["links"]`` and ``["flows"]``: what each switch port counted
+  (bytes, drops, its queue and rate over time), each connection's ends (``src``, ``dst``),
+  path, bytes per switch (``hop_bytes``) and the ``interface`` it used, as a flow record
+  has them: no label says what a connection is for;
 - ``result["phase_details"][p]["scheduler"]``: what the cluster's scheduler says, as an
   operator has it: ``jobs`` (each job's hosts), ``job`` (the job whose ranks these are) and
   ``storage`` (the storage hosts). A connection between two of the job's hosts is its
   all-reduce; from a storage host to the job, its data; between two hosts of another job,
   that job's; anything else runs on hosts no job was given;
-- ``result["topology"]``: the switches, hosts and links' rates; ``metrics["bottleneck_bps"]``:
+- ``result["topology"]``: the switches, hosts and links' rates as the fabric was built
+  (a phase's own link settings are not given); ``metrics["bottleneck_bps"]``:
   the slowest link the job's all-reduce crossed.
 
 Write ``causes(metrics, details, topology)``: the causes that made the GPUs wait in that

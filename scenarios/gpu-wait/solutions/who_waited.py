@@ -102,10 +102,15 @@ def best_bottleneck_mbps(topology: dict[str, Any], details: dict[str, Any]) -> f
     return min(nic) if fits else min(min(nic), min(uplink))
 
 
-def busiest_other(details: dict[str, Any]) -> str | None:
+def busiest_other(details: dict[str, Any], topology: dict[str, Any]) -> str | None:
     """Of the links the all-reduce crossed, the one where other flows had the largest share
     of a busy link: whose flows carried most there (None: nothing else did)."""
-    util = {(ln["node"], ln["peer"]): ln["util_mean"] or 0.0 for ln in details["links"]}
+    rate = {}
+    for ln in topology["links"]:                 # the links' rates as built, both ways
+        rate[(ln["a"], ln["b"])] = rate[(ln["b"], ln["a"])] = ln["bw_mbps"]
+    util = {(ln["node"], ln["peer"]): ln["tx_bytes"] * 8 / (rate[(ln["node"], ln["peer"])]
+                                                          * 1e6 * details["duration_s"])
+            for ln in details["links"] if (ln["node"], ln["peer"]) in rate}
     on: dict[tuple[str, str], dict[str, int]] = {}
     mine = set()
     for f in details["flows"]:
@@ -146,7 +151,7 @@ def causes(metrics: dict[str, Any], details: dict[str, Any],
                      if whose(f, details["scheduler"]) == "job")
     straggler = crit["lag"] if compute_spread(details) > 1.2 else 0.0
     beyond = max(0.0, crit["exposed_comm"] + crit["barrier"] - ideal)
-    other_job = busiest_other(details) == "other-job"
+    other_job = busiest_other(details, topology) == "other-job"
     shares = {"data": crit["data_wait"] * fetching,
               "cpu": crit["data_wait"] * (1.0 - fetching),
               "placement": 0.0 if off_fabric else gap, "interface": gap if off_fabric else 0.0,
