@@ -6,7 +6,7 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 export VENV
 
-.PHONY: setup vm-setup test-tools demo test test-vm test-vm-ci test-cluster test-cluster-ci unit lint docs architecture bench clean
+.PHONY: setup vm-setup vagrant-setup vagrant-box libvirt-start libvirt-stop test-tools demo test test-vm test-vm-ci test-cluster test-cluster-ci unit lint docs architecture bench clean
 
 setup:
 	bash lab/setup.sh
@@ -23,7 +23,31 @@ test-tools:
 vm-setup: setup
 	bash lab/setup.sh --vm-host
 
-test-vm: vm-setup
+# Vagrant with libvirt on this machine: vagrant-libvirt, libvirt's daemons and QEMU driver,
+# dnsmasq for its NAT network, rsync for the synced folder, acl to let libvirt's QEMU user
+# reach the box's kernel (lab/machine/vagrantbox.py). For `make vagrant-box` and the
+# Vagrant test in test-vm (tests/vm/test_vagrant.py); not for CI's part of the lane.
+VAGRANT_PKGS := vagrant vagrant-libvirt libvirt-daemon-system libvirt-daemon-driver-qemu \
+	libvirt-clients dnsmasq-base rsync acl
+vagrant-setup:
+	@missing=$$(for p in $(VAGRANT_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+		| grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -q --no-install-recommends $$missing; fi
+
+# A libvirt box of the Vagrantfile's box name, made from `fabriclab vm`'s image, for
+# `vagrant up` without internet (docs/vagrant.md).
+vagrant-box: vm-setup vagrant-setup
+	$(PY) -m lab.machine.vagrantbox add
+
+# libvirt's daemons where nothing starts them (no systemd): started if not running, and
+# stopped by the PIDs written down when they were started here, never by name.
+libvirt-start: vagrant-setup
+	$(PY) -m lab.machine.vagrantbox daemons
+libvirt-stop:
+	$(PY) -m lab.machine.vagrantbox daemons-stop
+
+test-vm: vm-setup vagrant-setup
 	$(PY) -m pytest -m vm tests/vm
 
 # The part of the lane that fits in CI beside `make test`: the image, the provisioner, doctor,
