@@ -253,9 +253,9 @@ class Sampler(threading.Thread):
         #: once a second.
         self.classes = classes
         self.dp = DatapathThreads()
-        #: (time since t0, datapath threads' run-queue wait ns, softirq jiffies, total
-        #: jiffies) at every sample.
-        self.datapath: list[tuple[float, int, int, int]] = []
+        #: (time since t0, datapath threads' credible run-queue wait ns, softirq jiffies,
+        #: total jiffies, wait the kernel charged them beyond it ns) at every sample.
+        self.datapath: list[tuple[float, int, int, int, int]] = []
         #: (time since t0, {class: CPU ns}, {class: (run-queue wait ns, programs)}) once a
         #: second.
         self.class_cpu: list[tuple[float, dict[str, int], dict[str, tuple[int, int]]]] = []
@@ -299,7 +299,7 @@ class Sampler(threading.Thread):
         classes' once a second (every ``1 / period`` samples: a class's threads are many)."""
         idle, total, softirq = proc_stat()
         self.cpu.append((t, idle, total))
-        self.datapath.append((t, self.dp.wait_ns(), softirq, total))
+        self.datapath.append((t, self.dp.wait_ns(), softirq, total, self.dp.asleep_ns))
         self.lab_cpu.append((t, lab_cpu_ticks(self.controller)))
         if self.classes is not None and n % max(1, round(1.0 / self.period)) == 0:
             self.class_cpu.append((t, self.classes.usage_ns(), self.classes.waiting()))
@@ -370,15 +370,17 @@ class Sampler(threading.Thread):
         worst second. Then each CPU class's CPU and waiting over the window, in % of one
         core."""
         wait, soft = [], []
-        for a, b in self._seconds(self.datapath, t_from, t_to):
+        seconds = self._seconds(self.datapath, t_from, t_to)
+        for a, b in seconds:
             span = max(b[0] - a[0], 1e-6)
-            # A thread that exits takes its wait with it: a second never waits less than 0.
-            wait.append(round(max(0, b[1] - a[1]) / 1e6 / span, 1))
+            wait.append(round((b[1] - a[1]) / 1e6 / span, 1))
             soft.append(round(100.0 * (b[2] - a[2]) / max(b[3] - a[3], 1), 1))
         if self.dp.vswitchd is None:        # no datapath seen: its waiting is unknown
             wait = []
+        asleep = (seconds[-1][1][4] - seconds[0][0][4]) / 1e6 if seconds and wait else 0.0
         out: dict[str, Any] = {
             "datapath_wait_ms": wait, "datapath_wait_max_ms": max(wait, default=0.0),
+            "datapath_wait_asleep_ms": round(asleep, 1),
             "softirq_pct": soft, "softirq_max_pct": max(soft, default=0.0)}
         pts = [c for c in self.class_cpu if t_from - 1.0 <= c[0] <= t_to + 1.0]
         if self.classes is not None and len(pts) >= 2:

@@ -88,7 +88,7 @@ def test_the_datapaths_worst_second_decides_whatever_the_idle(waits: list[float]
 
 def test_a_result_keeps_the_datapath_and_class_numbers_only() -> None:
     judged = {"cpu_idle_min_pct": 40.0, "datapath_wait_ms": [1.0], "datapath_wait_max_ms": 1.0,
-              "softirq_pct": [2.0], "softirq_max_pct": 2.0, "window_s": [0, 1],
+              "datapath_wait_asleep_ms": 0.0, "softirq_pct": [2.0], "softirq_max_pct": 2.0, "window_s": [0, 1],
               "cpu_classes": {"traffic": {"cpu_pct": 3.0, "wait_pct": 0.5}}}
     assert set(headroom.cpu_fields(judged)) == set(headroom.CPU_FIELDS)
 
@@ -102,3 +102,21 @@ def test_a_class_is_starved_by_its_programs_average_wait_not_their_sum() -> None
     assert headroom.starved_notes(other) == []      # a browser waiting changes no traffic
     [note] = headroom.starved_notes(few)
     assert note.startswith("traffic: its 2 programs each waited") and "500 ms" in note
+
+
+def test_a_thread_seen_asleep_is_credited_no_more_wait_than_it_had_time_for() -> None:
+    """Made-up readings of one thread. The kernel charged an OVS revalidator seen asleep
+    497 ms within 10 ms (its sleep between rounds, counted as waiting): what fits in the
+    time since it was seen asleep, less what it ran, counts; a thread runnable at every
+    read since keeps its whole wait."""
+    ms = 1_000_000
+    asleep = headroom.ThreadReading(run_ns=50 * ms, wait_ns=300 * ms, last_asleep=10.00)
+    # Seen asleep at 10.00, read again at 10.01 having been charged 497 ms and run 3 ms.
+    assert headroom.credible_wait(asleep, 53 * ms, 797 * ms, 10.01) == 7 * ms
+    # Charged 4 ms in the same 10 ms: all of it counts.
+    assert headroom.credible_wait(asleep, 53 * ms, 304 * ms, 10.01) == 4 * ms
+    # Runnable since 9.0 (its last sleep a second before): 500 ms waited in one go counts.
+    waiting = headroom.ThreadReading(run_ns=50 * ms, wait_ns=300 * ms, last_asleep=9.00)
+    assert headroom.credible_wait(waiting, 60 * ms, 800 * ms, 10.01) == 500 * ms
+    # A counter that went back (a reused thread id) credits nothing.
+    assert headroom.credible_wait(asleep, 0, 0, 10.5) == 0
