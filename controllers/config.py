@@ -251,23 +251,30 @@ def parse(raw: Any) -> Config:
     build_dir = ecn.get("build_dir", "")
     if not isinstance(build_dir, str):
         raise ConfigError(f"ecn.build_dir: expected a path, got {build_dir!r}")
-    policy = _str(_get(raw, "policy", "config"), "policy")
-    policy_fd = raw.get("policy_fd")
-    if policy_fd is not None:
-        policy_fd = _int(policy_fd, "policy_fd", 0, 65535)
-        if not policies.is_file_spec(policy):
-            raise ConfigError("policy_fd: given for a registered policy, which needs no jail")
-    else:
-        try:
-            policies.resolve(policy)    # a file given without a jail: the user's own rights
-        except policies.UnknownPolicy as exc:
-            raise ConfigError(str(exc)) from None
+    policy, policy_fd = _policy(raw)
     return Config(policy=policy, seed=_int(raw.get("seed", 0), "seed", -(2**63), 2**63 - 1),
                   control_socket=_str(_get(raw, "control_socket", "config"),
                                       "control_socket"),
                   switches=switches, hosts=tuple(hosts), links=tuple(links),
                   ports=tuple(ports), ecn_mechanism=mechanism, build_dir=build_dir,
                   policy_fd=policy_fd)
+
+
+def _policy(raw: dict[str, Any]) -> tuple[str, int | None]:
+    """The policy, checked here unless it is a file whose jail answers on ``policy_fd``
+    (then it is checked there, by ``controllers.launch``, and never run in this process)."""
+    policy = _str(_get(raw, "policy", "config"), "policy")
+    policy_fd = raw.get("policy_fd")
+    if policy_fd is not None:
+        policy_fd = _int(policy_fd, "policy_fd", 0, 65535)
+        if not policies.is_file_spec(policy):
+            raise ConfigError("policy_fd: given for a registered policy, which needs no jail")
+        return policy, policy_fd
+    try:
+        policies.resolve(policy)    # a file given without a jail: the user's own rights
+    except policies.UnknownPolicy as exc:
+        raise ConfigError(str(exc)) from None
+    return policy, None
 
 
 def load(path: str | os.PathLike[str]) -> Config:
