@@ -297,9 +297,11 @@ def write_result(result: dict[str, Any], out_dir: Path) -> None:
 
 
 def keep_logs(work: Path, out_dir: Path) -> None:
-    """Copy the controller log and iperf3 JSON out of the work dir before it is removed."""
-    if (work / "controller.log").exists():
-        shutil.copy(work / "controller.log", out_dir / "controller.log")
+    """Copy the controller's log (and its policy jail's, for a policy file: what the file
+    printed) and iperf3 JSON out of the work dir before it is removed."""
+    for log in ("controller.log", "policy.log"):
+        if (work / log).exists():
+            shutil.copy(work / log, out_dir / log)
     if (work / "iperf3").is_dir():
         shutil.copytree(work / "iperf3", out_dir / "iperf3", dirs_exist_ok=True)
 

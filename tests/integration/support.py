@@ -173,14 +173,14 @@ def run_result(tmp_path: Path, *args: str) -> dict:
     """`fabriclab run ecmp-basic ARGS --out TMP` and its result.json."""
     return run_scenario(tmp_path, "ecmp-basic", *args)
 
-def check_paths_follow_policy(r: dict, policy: str) -> None:
+def check_paths_follow_policy(r: dict, policy: str | type) -> None:
     """The controller installs exactly what a deciding policy chooses, so the path the
     counters show must be the one its choose() gives for the flow's 5-tuple at the first
     leaf, both ways: the data from leaf1, and the ACKs back from leaf2, a 5-tuple the policy
     decides on its own (ecmp-basic)."""
     from controllers import policies
     from controllers.policies.base import FlowKey
-    pol = policies.get(policy)(seed=r["seed"])
+    pol = (policies.get(policy) if isinstance(policy, str) else policy)(seed=r["seed"])
     uplinks: dict[str, dict[int, str]] = {}
     for ln in r["topology"]["links"]:
         if ln["a"].startswith("leaf") and ln["b"].startswith("spine"):
@@ -222,24 +222,39 @@ def check_links_agree_with_flows(r: dict) -> list[str]:
     return problems
 
 
-#: A batch on the wire: its payload plus TCP/IP headers and the request's ACKs' share, and
-#: on the slowest storage link (0.25 Mbit/s, whose 150 KB queue holds 4.8 s) the segments
-#: TCP's timer sent again while the first copies still queued: both arrive. 1.07 measured
-#: at most elsewhere, 1.10 there; ddp-train's slow-storage (0.3 Mbit/s, one loader worker
-#: a GPU, two connections a link) 1.03-1.07 (two workers a GPU queued twice as much there:
-#: 1.15).
+#: The most header bytes a frame of a TCP connection carries as a switch counts it (no
+#: FCS): Ethernet 14, IPv4 20, TCP 20 with up to 20 of options (the SYN-ACK's; a data
+#: segment carries 12, its timestamps).
+FRAME_HEADER_MAX = 14 + 20 + 40
+#: A ring connection's bytes on the port into its receiver, against its payload: headers
+#: (66 B on a 1448 B segment: 1.046) and TCP's copies sent again. The ring's sender records
+#: no retransmitted bytes to bound them with.
 WIRE_OVERHEAD_MAX = 1.15
+
+
+def server_sent(details: dict) -> dict[tuple[str, int], dict]:
+    """The storage hosts' record of each batch connection, by its loader's (address, port)."""
+    return {(c["peer"], c["port"]): c for s in details["gpu_wait"]["storage"].values()
+            for c in s.get("batch_conns", [])}
+
+
+def wire_bytes_max(conn: dict) -> int:
+    """The most a batch connection's frames from its storage host can weigh on a switch
+    port: what its TCP sent (each segment sent again counted again) plus a frame's headers
+    per segment."""
+    return conn["bytes_sent"] + conn["segs_out"] * FRAME_HEADER_MAX
 
 
 def loader_bytes_problems(details: dict) -> list[str]:
     """A phase with data loaders (its ``phase_details``): what disagrees between the batches
     the ranks took and what crossed the fabric, as text (empty: all agree).
 
-    Each loader connection is a flow with a path whose last switch delivered its worker's
-    batches, 1 to ``WIRE_OVERHEAD_MAX`` times their bytes (a segment dropped on the way and
-    sent again was counted twice before the drop, once there), and the storage hosts served
-    exactly the bytes the ranks took."""
+    Each loader connection is a flow with a path whose last switch delivered at least its
+    worker's batches and at most what the storage host's TCP sent on it (its payload, each
+    segment sent again counted again) plus a frame's headers per segment; and the storage
+    hosts served exactly the bytes the ranks took."""
     problems = []
+    sent = server_sent(details)
     flows = {(f["dst_ip"], f["dport"]): f for f in details["flows"] if f["kind"] == "loader"}
     ranks = details["gpu_wait"]["ranks"]
     if len(flows) != sum(rank["loader"]["workers"] for rank in ranks):
@@ -255,9 +270,13 @@ def loader_bytes_problems(details: dict) -> list[str]:
                                 f"no counted path ({f and f['path']})")
                 continue
             delivered = f["hop_bytes"][f["path"][-1]]
-            if not w["bytes"] <= delivered <= w["bytes"] * WIRE_OVERHEAD_MAX:
+            conn = sent.get((w["src"], w["sport"]))
+            if conn is None:
+                problems.append(f"{f['id']}: no record of it at its storage host")
+                continue
+            if not w["bytes"] <= delivered <= wire_bytes_max(conn):
                 problems.append(f"{f['id']}: {delivered} B delivered for {w['bytes']} B "
-                                f"of batches ({f['hop_bytes']})")
+                                f"of batches, the server sent {conn} ({f['hop_bytes']})")
             taken += w["bytes"]
     served = sum(s["batch_bytes"] for s in details["gpu_wait"]["storage"].values())
     if served != taken:
