@@ -88,7 +88,8 @@ def test_the_datapaths_worst_second_decides_whatever_the_idle(waits: list[float]
 
 def test_a_result_keeps_the_datapath_and_class_numbers_only() -> None:
     judged = {"cpu_idle_min_pct": 40.0, "datapath_wait_ms": [1.0], "datapath_wait_max_ms": 1.0,
-              "datapath_wait_asleep_ms": 0.0, "softirq_pct": [2.0], "softirq_max_pct": 2.0, "window_s": [0, 1],
+              "datapath_wait_asleep_ms": 0.0, "softirq_pct": [2.0], "softirq_max_pct": 2.0,
+              "window_s": [0, 1],
               "cpu_classes": {"traffic": {"cpu_pct": 3.0, "wait_pct": 0.5}}}
     assert set(headroom.cpu_fields(judged)) == set(headroom.CPU_FIELDS)
 
