@@ -137,6 +137,8 @@ def libvirt() -> Iterator[dict[str, set[str]]]:
               "networks": names("net-list", "--all", "--name"),
               "pools": names("pool-list", "--all", "--name"), "volumes": pool_volumes()}
     if DOMAIN in before["domains"] or NETWORK in before["networks"]:
+        if started:                   # a skip runs no teardown: stop them now
+            vagrantbox.stop_daemons()
         pytest.skip(f"a domain {DOMAIN} or network {NETWORK} exists already (not this test's)")
     yield before
     # What this test's volumes (the uploaded box) and pool it made are removed; then the
@@ -222,13 +224,16 @@ def vagrant_up(env: dict[str, str], console: Console, timeout_s: float = 3600
     return rc, "".join(lines), marks
 
 
-def vagrant(env: dict[str, str], *args: str, timeout_s: float = 3600
+def vagrant(env: dict[str, str], *args: str, timeout_s: float = 3600, show: bool = True
             ) -> subprocess.CompletedProcess:
+    """A vagrant command in the checkout; its output printed unless ``show`` is False."""
     t = time.monotonic()
     r = subprocess.run(["vagrant", *args], cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=timeout_s)
-    print(f"$ vagrant {' '.join(args)}   ({time.monotonic() - t:.1f} s, exit {r.returncode})")
-    print(r.stdout[-6000:])
+    print(f"$ vagrant {' '.join(args)[:200]}   ({time.monotonic() - t:.1f} s, "
+          f"exit {r.returncode})")
+    if show:
+        print(r.stdout[-6000:])
     print(r.stderr[-3000:], file=sys.stderr)
     return r
 
@@ -264,7 +269,7 @@ def test_vagrant_up_demo_destroy_offline(libvirt, tmp_path):
         assert paths, demo.stdout[-4000:]
         got = vagrant(env, "ssh", "-c", "cd /vagrant && python3 -c 'import json, sys; "
                       "print(json.dumps([json.load(open(p)) for p in sys.argv[1:]]))' "
-                      + " ".join(paths))
+                      + " ".join(paths), show=False)
         assert got.returncode == 0, got.stderr
         results = json.loads(got.stdout)
         for path, result in zip(paths, results, strict=True):
