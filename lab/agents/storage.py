@@ -19,12 +19,16 @@ steps, so the steps "outside" a checkpoint were too few to compare.
 
 The server also serves a training rank's input batches (:mod:`lab.agents.loader`): a
 connection that opens with ``B`` asks for batches, each an 8-byte big-endian length answered
-with that many bytes, so a batch's fetch time is a real request over the fabric.
+with that many bytes, so a batch's fetch time is a real request over the fabric. Each such
+connection's sending side is recorded when it ends (``batch_conns``: the peer, and what TCP
+says it sent, retransmissions included), since what crosses the wire towards a loader is
+the server's to count, not the loader's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import signal
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.agents import golatch
+from lab.agents.common import tcp_info
 
 CHUNK = 64 * 1024
 _BUF = bytes(CHUNK)
@@ -46,6 +51,11 @@ _BUF = bytes(CHUNK)
 #: request on it: its length in bytes, big-endian, answered with that many bytes.
 BATCH_HELLO = b"B\n"
 BATCH_LENGTH = struct.Struct("!Q")
+#: What a batch connection's record keeps of its TCP_INFO: payload bytes sent (a segment
+#: sent again counts again), retransmitted, segments sent (each a frame on the wire), MSS.
+BATCH_CONN_FIELDS = ("bytes_sent", "bytes_retrans", "segs_out", "retransmits", "snd_mss")
+#: Seconds the server waits at its stop for connections still being recorded.
+JOIN_S = 2.0
 
 
 def _addr(text: str) -> tuple[str, int]:
@@ -56,16 +66,17 @@ def _addr(text: str) -> tuple[str, int]:
 def serve(listen: str, out: Path) -> int:
     """Accept clients until SIGTERM: ``R <bps>`` streams paced reads, ``W`` absorbs writes."""
     stop = threading.Event()
-    totals = {"read_bytes": 0, "written_bytes": 0, "connections": 0, "batch_bytes": 0,
-              "batches": 0}
+    totals: dict[str, Any] = {"read_bytes": 0, "written_bytes": 0, "connections": 0,
+                              "batch_bytes": 0, "batches": 0, "batch_conns": []}
     lock = threading.Lock()
+    threads: list[threading.Thread] = []
 
     def count_batch(nbytes: int) -> None:
         with lock:
             totals["batches"] += 1
             totals["batch_bytes"] += nbytes
 
-    def handle(conn: socket.socket) -> None:
+    def handle(conn: socket.socket, peer: tuple[str, int]) -> None:
         with conn:
             head = b""
             while not head.endswith(b"\n"):
@@ -90,6 +101,14 @@ def serve(listen: str, out: Path) -> int:
                     totals["read_bytes"] += sent
             elif head == BATCH_HELLO:
                 _serve_batches(conn, stop, count_batch)
+                # Its FIN first, so that every segment this side sends is in the count.
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_WR)
+                info = tcp_info(conn)
+                with lock:
+                    totals["batch_conns"].append(
+                        {"peer": peer[0], "port": peer[1],
+                         **{k: info.get(k) for k in BATCH_CONN_FIELDS}})
             else:
                 buf = bytearray(CHUNK)
                 got = 0
@@ -109,12 +128,19 @@ def serve(listen: str, out: Path) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.is_set():
         try:
-            conn, _ = srv.accept()
+            conn, peer = srv.accept()
         except TimeoutError:
             continue
         totals["connections"] += 1
-        threading.Thread(target=handle, args=(conn,), daemon=True).start()
-    out.write_text(json.dumps(totals))
+        threads.append(threading.Thread(target=handle, args=(conn, peer), daemon=True))
+        threads[-1].start()
+    # Connections their clients closed are being recorded: let them finish (a still open
+    # one ends at the stop, at its next request).
+    deadline = time.monotonic() + JOIN_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        out.write_text(json.dumps(totals))
     return 0
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 
-from lab.measure import headroom
 from tests.integration.support import check_links_agree_with_flows, run_to
 
 K, HOSTS, SWITCHES = 6, 54, 45
@@ -52,18 +51,18 @@ def test_paths_agree_with_the_link_counters(result: dict) -> None:
     assert check_links_agree_with_flows(result) == []
 
 
-def test_fidelity_judged_by_the_rule_with_the_labs_own_cpu_recorded(result: dict) -> None:
-    """The verdict is the rule's over every second of the traffic, and the model expected
-    valid beforehand. The verdict itself is not asserted: on the CI machine one run's first
-    second (54 flows in slow start together) had 22 % idle, the others 47-71 %, where five
-    runs here had 43-85 %; a least idle second is a timing target, bench/scale.py's."""
+def test_the_verdicts_inputs_are_recorded_for_every_second(result: dict) -> None:
+    """What the verdict is made from is in the result, a sample per second of the traffic:
+    the machine's idle, the datapath's run-queue wait, softirq, and the lab's own CPU; the
+    model expected the run valid beforehand. The verdict itself is not asserted: on the CI
+    machine one run's first second (54 flows in slow start together) had 22 % idle, the
+    others 47-71 %, where five runs here had 43-85 %; that is a timing target,
+    bench/scale.py's. The rule is tested on made-up numbers (tests/unit/test_headroom.py)."""
     fid = result["fidelity"]
     assert fid["lab_cpu_pct"] is not None and fid["lab_cpu_pct"] > 0
     assert fid["expected"]["verdict"] == "valid", fid   # the model said so beforehand
     # A second per sample, from the last client's connection (a second may go to connecting).
-    assert len(fid["cpu_idle_pct"]) >= DURATION_S - 1, fid
+    for series in ("cpu_idle_pct", "datapath_wait_ms", "softirq_pct"):
+        assert len(fid.get(series) or []) >= DURATION_S - 1, (series, fid)
     assert fid["cpu_idle_min_pct"] == min(fid["cpu_idle_pct"]), fid
-    # Every flow ran on one clean path (the first test), so the CPU alone decides.
-    cpu_bound = headroom.cpu_verdict(fid) is not None
-    assert fid["valid"] is not cpu_bound, fid
-    assert cpu_bound == any(n.startswith("CPU-bound") for n in fid["notes"]), fid
+    assert fid["datapath_wait_max_ms"] == max(fid["datapath_wait_ms"]), fid

@@ -152,6 +152,15 @@ def test_an_ample_loader_leaves_no_data_wait(lab: Lab) -> None:
         assert sum(w["bytes_received"] for w in loader["per_worker"]) == 12 * 65536
         assert_parts_are_in_order(res)
     assert served["batches"] == 24 and served["batch_bytes"] == 24 * 65536
+    # The server's own record of each batch connection, by its loader's address: what its
+    # TCP sent there is at least what that loader received (and counted every segment).
+    conns = {(c["peer"], c["port"]): c for c in served["batch_conns"]}
+    workers = [w for res in results for w in res["loader"]["per_worker"]]
+    assert len(conns) == len(workers) == 8
+    for w in workers:
+        c = conns[(w["src"], w["sport"])]
+        assert c["bytes_sent"] >= w["bytes_received"] == 3 * 65536, (c, w)
+        assert c["segs_out"] >= c["bytes_sent"] / c["snd_mss"], c
 
 
 def test_a_cpu_bound_loader_makes_the_data_wait_dominate(lab: Lab) -> None:
