@@ -142,6 +142,15 @@ def fd_loader(fd: int) -> Callable[[str], type[HashPolicy]]:
     return load
 
 
+def where(exc: BaseException, path: Path) -> str:
+    """``Type: message (file.py line N)``, on one line: the file's own line where its code
+    went wrong (the jail's runner says a graded answer's failure the same way)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if Path(f.filename).resolve() == path]
+    at = f" ({path.name} line {frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{at}".replace("\n", " ")
+
+
 # -- the jail's end ----------------------------------------------------------------------------
 
 def _answer(spec: str, policies: dict[int, HashPolicy], msg: dict[str, Any],
@@ -186,11 +195,7 @@ def serve(spec: str, rfile: BinaryIO, wfile: BinaryIO) -> None:
         except PolicyFileError as exc:
             reply = {"id": msg["id"], "ok": False, "error": str(exc)}
         except Exception as exc:    # the file's failure is the reply
-            frames = [f for f in traceback.extract_tb(exc.__traceback__)
-                      if Path(f.filename).resolve() == path]
-            at = f" ({path.name} line {frames[-1].lineno})" if frames else ""
-            reply = {"id": msg["id"], "ok": False,
-                     "error": f"{msg['op']}: {type(exc).__name__}: {exc}{at}"}
+            reply = {"id": msg["id"], "ok": False, "error": f"{msg['op']}: {where(exc, path)}"}
         if not reply["ok"]:         # the file as its user named it, not where the jail has it
             reply["error"] = reply["error"].replace(jailed, shown)
         wfile.write(json.dumps(reply).encode() + b"\n")

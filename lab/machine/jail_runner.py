@@ -17,17 +17,10 @@ import json
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
-
-def where(exc: BaseException, path: Path) -> str:
-    """``Type: message (file.py line N)``: the answer's own line where it went wrong."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if Path(f.filename).resolve() == path]
-    at = f" ({path.name} line {frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{at}".replace("\n", " ")
+from controllers.policies.remote import where
 
 
 def decide(spec: str, given: dict[str, Any]) -> dict[str, Any]:
