@@ -55,6 +55,8 @@ TMP_BYTES = 32 << 20
 #: CPU seconds a policy's jail may use over its asker's life (a run, a sweep): a bound on
 #: a policy that spins, not on one that decides.
 SERVE_CPU_S = 3600.0
+#: Seconds a policy's jail has to end by itself once its asker closes the socket.
+CLOSE_WAIT_S = 2.0
 PR_SET_NO_NEW_PRIVS = 38
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
@@ -197,7 +199,14 @@ class PolicyJail:
         return self.proc.pid
 
     def close(self) -> None:
+        """Its end of the socket first: the jail's loop ends there and ``unshare`` reaps it
+        (killed first, the jail's process would be left to init as a zombie of
+        ``nobody``'s); then its session, for a policy stuck in a loop or what it forked."""
+        with contextlib.suppress(OSError):      # whoever else holds it (a Channel's file)
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=CLOSE_WAIT_S)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
