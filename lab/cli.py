@@ -235,9 +235,11 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         env.controller = environment.pick_runtime(env.runtimes, args.controller)
     except LabError as exc:
         env.notes.append(str(exc))
+    from lab.kinds.streaming import media
+    real_media = {"missing": media.missing_packages(), "browser_viewer": media.browser_ready()}
     if args.json:
-        print(json.dumps({**env.as_dict(), "torch": environment.collective_library()},
-                         indent=1))
+        print(json.dumps({**env.as_dict(), "torch": environment.collective_library(),
+                          "media": real_media}, indent=1))
         return 0
     rows = [
         ("kernel", env.kernel),
@@ -260,6 +262,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     else:
         rows.append(("torch (gloo scenarios)", environment.TORCH_MISSING
                      + (f" ({lib['error']})" if lib.get("error") else "")))
+    rows.append(("real media", ("missing " + " ".join(real_media["missing"]))
+                 if real_media["missing"] else "ffmpeg, nginx-rtmp"))
+    rows.append(("browser viewer", "Chromium with hls.js" if real_media["browser_viewer"]
+                 else "no (needs chromium-headless-shell and hls.js: make setup)"))
     for k, v in rows:
         print(f"{k:22s} {v}")
     for note in env.notes:

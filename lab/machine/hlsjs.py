@@ -10,6 +10,11 @@ runs it with Debian's Python before any environment exists.
 
 ``python3 lab/machine/hlsjs.py ensure DIR``: exit 0 when present or installed, 1 (one
 line on stderr) when it could not be fetched; the streaming runs then skip the browser.
+
+A machine that cannot reach the registry (the VM lane's guest) is given one the way pip is
+given a wheelhouse: ``hlsjs.py mirror DIR`` keeps the checked tarball at the registry's own
+path under ``DIR``, and ``NPM_CONFIG_REGISTRY=file://DIR`` there makes ``ensure`` install
+from it, through the same integrity check.
 """
 
 from __future__ import annotations
@@ -51,16 +56,47 @@ def verified(data: bytes) -> bool:
     return base64.b64encode(hashlib.new(algo, data).digest()).decode() == want
 
 
+#: The tarball's path under a registry (npm's layout), for a fetch and for a mirror.
+TARBALL = f"hls.js/-/hls.js-{VERSION}.tgz"
+
+
+def fetch() -> tuple[str, bytes]:
+    """The pinned tarball from the registry, refused unless it matches the pinned integrity."""
+    url = f"{registry()}/{TARBALL}"
+    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
+        data = resp.read()
+    if not verified(data):
+        raise ValueError(f"{url}: does not match the pinned integrity {INTEGRITY[:20]}...")
+    return url, data
+
+
+def mirror(root: Path) -> str:
+    """The checked tarball at its registry path under ``root``: a registry for ``file://``."""
+    dest = root / TARBALL
+    if dest.is_file() and verified(dest.read_bytes()):
+        return f"hls.js {VERSION} mirrored in {root}"
+    url, data = fetch()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(data)
+    return f"hls.js {VERSION} mirrored in {root} (from {url}, sha512 checked)"
+
+
+def mirror_or_why(root: Path) -> str:
+    """:func:`mirror`, or why not, as one line. A VM image is built either way (its guest
+    then has no browser viewer): the image's manifest keeps the line, for its test."""
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        return mirror(root)
+    except (OSError, ValueError) as exc:
+        return f"hls.js not mirrored ({type(exc).__name__}: {exc}): no browser viewer"
+
+
 def ensure(prefix: Path) -> str:
     """hls.js under ``prefix/node_modules/hls.js``; what was done, as one line."""
     pkg = prefix / "node_modules" / "hls.js"
     if present(pkg):
         return f"hls.js {VERSION} present"
-    url = f"{registry()}/hls.js/-/hls.js-{VERSION}.tgz"
-    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp:
-        data = resp.read()
-    if not verified(data):
-        raise ValueError(f"{url}: does not match the pinned integrity {INTEGRITY[:20]}...")
+    url, data = fetch()
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         for name in FILES:
             member = tar.getmember(f"package/{name}")
@@ -76,11 +112,12 @@ def ensure(prefix: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "ensure":
-        print("usage: hlsjs.py ensure DIR", file=sys.stderr)
+    commands = {"ensure": ensure, "mirror": mirror}
+    if len(argv) != 2 or argv[0] not in commands:
+        print("usage: hlsjs.py ensure|mirror DIR", file=sys.stderr)
         return 2
     try:
-        print(ensure(Path(argv[1])))
+        print(commands[argv[0]](Path(argv[1])))
     except (OSError, ValueError, KeyError, tarfile.TarError) as exc:
         print(f"hls.js could not be fetched: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.machine import environment, qemu, state, vmnet
+from lab.machine import environment, hlsjs, qemu, state, vmnet
 from lab.model.errors import MachineError
 
 REPO = environment.REPO_ROOT
@@ -59,14 +59,18 @@ GUEST_MODULES = ("9p", "9pnet_virtio", "openvswitch", "sch_netem", "sch_red", "t
                  "ip_gre")
 #: Files whose content decides the image: a change to any rebuilds it.
 IMAGE_INPUTS = ("lab/packages.txt", "setup.py", "lab/provision.sh", "lab/setup.sh",
-                "lab/vm_guest.sh")
+                "lab/vm_guest.sh", "lab/machine/hlsjs.py")
 #: Bumped when the way an image is made changes in a way ``recipe()`` does not show.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 GUEST_REPO = "/fabriclab"
 GUEST_WHEELS = "/opt/fabriclab/wheels"
-#: The guest's pip takes packages from the wheelhouse only (it cannot reach a registry).
-GUEST_PIP_ENV = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": GUEST_WHEELS,
-                 "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+#: hls.js's tarball at its npm registry path (``lab/machine/hlsjs.py mirror``).
+GUEST_NPM = "/opt/fabriclab/npm"
+#: The guest cannot reach a registry: its pip takes packages from the wheelhouse only, and
+#: set-up fetches hls.js from the image's mirror, through the same integrity check.
+GUEST_PACKAGE_ENV = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": GUEST_WHEELS,
+                     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+                     "NPM_CONFIG_REGISTRY": f"file://{GUEST_NPM}"}
 VCPUS = 2                  # as the Vagrantfile's providers
 MEMORY_MB = 4096
 #: Free space the image keeps beyond what the packages take: the venvs, logs, a run's work.
@@ -203,9 +207,10 @@ ExecStart=-/sbin/agetty --autologin root --keep-baud 115200,38400,9600 %I $TERM
 
 
 def _stage_hook(tmp: Path) -> str:
-    """mmdebstrap hook: the wheelhouse and the checkout into the image's tree."""
-    return (f'mkdir -p "$1{GUEST_WHEELS}" "$1{GUEST_REPO}" && '
+    """mmdebstrap hook: the wheelhouse, hls.js's mirror and the checkout into the image."""
+    return (f'mkdir -p "$1{GUEST_WHEELS}" "$1{GUEST_NPM}" "$1{GUEST_REPO}" && '
             f'cp -a {shlex.quote(str(tmp / "wheels"))}/. "$1{GUEST_WHEELS}/" && '
+            f'cp -a {shlex.quote(str(tmp / "npm"))}/. "$1{GUEST_NPM}/" && '
             f'tar -xf {shlex.quote(str(tmp / "checkout.tar"))} -C "$1{GUEST_REPO}"')
 
 
@@ -217,7 +222,7 @@ def _python_hook() -> str:
     machine-wide steps would reach the host's kernel and Open vSwitch from a chroot. The
     whole provisioner then runs in the booted guest and finds the environments in place.
     """
-    env = " ".join(f"{k}={v}" for k, v in GUEST_PIP_ENV.items())
+    env = " ".join(f"{k}={v}" for k, v in GUEST_PACKAGE_ENV.items())
     return (f'chroot "$1" env {env} PIP_NO_CACHE_DIR=1 FABRICLAB_SETUP_ONLY=python '
             f'bash {GUEST_REPO}/lab/provision.sh {GUEST_REPO}')
 
@@ -240,7 +245,7 @@ def _customise(root: Path) -> None:
     (wants / "fabriclab-job.service").unlink(missing_ok=True)
     (wants / "fabriclab-job.service").symlink_to("/etc/systemd/system/fabriclab-job.service")
     (root / "etc/profile.d/fabriclab-vm.sh").write_text(
-        "".join(f"export {k}={v}\n" for k, v in GUEST_PIP_ENV.items()))
+        "".join(f"export {k}={v}\n" for k, v in GUEST_PACKAGE_ENV.items()))
     # Timers that would wake up during a measurement, in a guest that never sees a network;
     # FRR runs only inside the lab's routers (set-up disables the service too).
     # sshd is started by a cluster member's job only, on the cluster's addresses
@@ -282,6 +287,7 @@ def build(progress: Progress = print, force: bool = False) -> Image:
             t = time.monotonic()
             progress("vm build: wheelhouse of the lab's Python packages (host pip)")
             _wheelhouse(tmp / "wheels")
+            hls = hlsjs.mirror_or_why(tmp / "npm")
             checkout_tar(tmp / "checkout.tar")
             timings["wheelhouse_s"] = round(time.monotonic() - t, 1)
             t = time.monotonic()
@@ -321,7 +327,7 @@ def build(progress: Progress = print, force: bool = False) -> Image:
             timings["provision_s"] = round(time.monotonic() - t, 1)
             (tmp / "manifest.json").write_text(json.dumps({
                 "key": key, "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "recipe": recipe(), "timings": timings,
+                "recipe": recipe(), "timings": timings, "hlsjs": hls,
                 "kernel": kernels[-1].name.removeprefix("vmlinuz-"),
                 "disk_bytes": _dir_bytes(tmp / "disk.raw")}, indent=1))
             os.replace(tmp, final)
@@ -406,7 +412,7 @@ class Boot:
         checkout_tar(self.share / "checkout.tar")
         (self.share / "job.sh").write_text("set -e\n" + job + "\n")
         self.accel = qemu.accelerator(self.image.kernel)
-        env = {**GUEST_PIP_ENV, environment.VM_ENV: json.dumps(self.facts()), **env}
+        env = {**GUEST_PACKAGE_ENV, environment.VM_ENV: json.dumps(self.facts()), **env}
         (self.share / "env").write_text("".join(f"{k}={shlex.quote(v)}\n"
                                                 for k, v in env.items()))
 

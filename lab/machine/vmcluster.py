@@ -135,9 +135,9 @@ def _job(i: int, text: str) -> str:
         "cp /mnt/job/id_ed25519.pub /root/.ssh/",
         f"mkdir -p /etc/fabriclab && cat > {GUEST_CLUSTER_FILE} <<'EOF'\n{text}EOF",
         f'printf %s "${environment.VM_ENV}" > {environment.VM_FILE}',        # ssh logins
-        # pip over ssh (`cluster setup` runs lab/provision.sh there) takes the wheelhouse
-        # too: sshd's PAM reads /etc/environment; the guest reaches no package registry.
-        "".join(f"echo {k}={v} >> /etc/environment && " for k, v in vm.GUEST_PIP_ENV.items())
+        # Set-up over ssh (`cluster setup` runs lab/provision.sh there) takes the image's
+        # packages too: sshd's PAM reads /etc/environment; the guest reaches no registry.
+        "".join(f"echo {k}={v} >> /etc/environment && " for k, v in vm.GUEST_PACKAGE_ENV.items())
         + "true",
         # A unit of its own: what the job leaves running is stopped with the job's unit.
         "mkdir -p /run/sshd && systemd-run --unit=fabriclab-sshd /usr/sbin/sshd -D "

@@ -1,6 +1,6 @@
 """hls.js without npm (``lab/machine/hlsjs.py``): a tarball that does not match the pinned
 integrity is refused, and nothing is installed from it; a real fetch from the registry
-gives the file ``npm install`` gives."""
+gives the file ``npm install`` gives, and so does a mirror of it (the VM image's)."""
 
 from __future__ import annotations
 
@@ -61,3 +61,22 @@ def test_the_registry_fetch_equals_what_npm_installed(tmp_path) -> None:
     got = tmp_path / "node_modules" / "hls.js" / "dist" / "hls.min.js"
     assert got.read_bytes() == NPM_INSTALLED.read_bytes()
     assert hlsjs.ensure(tmp_path) == f"hls.js {hlsjs.VERSION} present"
+
+
+@pytest.mark.skipif(not NPM_INSTALLED.exists(), reason="no npm-installed hls.js to compare")
+def test_a_mirror_is_a_registry_that_installs_through_the_same_check(tmp_path,
+                                                                      monkeypatch) -> None:
+    """The VM image's way: the host mirrors the tarball, the offline guest installs from it
+    over ``file://``, and a tampered mirror is refused as a tampered registry would be."""
+    reg = tmp_path / "registry"
+    assert "sha512 checked" in hlsjs.mirror(reg)
+    assert hlsjs.mirror(reg) == f"hls.js {hlsjs.VERSION} mirrored in {reg}"
+    monkeypatch.setenv("NPM_CONFIG_REGISTRY", f"file://{reg}")
+    line = hlsjs.ensure(tmp_path / "guest")
+    assert f"from file://{reg}/" in line and "sha512 checked" in line
+    got = tmp_path / "guest" / "node_modules" / "hls.js" / "dist" / "hls.min.js"
+    assert got.read_bytes() == NPM_INSTALLED.read_bytes()
+    (reg / hlsjs.TARBALL).write_bytes(tarball({"dist/hls.min.js": b"alert(1)"}))
+    with pytest.raises(ValueError, match="pinned integrity"):
+        hlsjs.ensure(tmp_path / "other")
+    assert not (tmp_path / "other" / "node_modules").exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.machine import environment, state, vm
+from lab.machine import environment, hlsjs, state, vm
 from lab.model.result import validate
 from tests.integration.support import (
     check_links_agree_with_flows,
@@ -70,6 +70,8 @@ def test_image_is_cached_and_provisioned_by_the_vagrant_provisioner(vm_image):
     assert vm_image["key"] == vm.image_key()
     assert vm_image["kernel"].startswith("6.1.")
     assert "provision_s" in vm_image["timings"]
+    # hls.js came from the npm registry on the host, checked, into the image's mirror.
+    assert vm_image["hlsjs"].startswith(f"hls.js {hlsjs.VERSION} mirrored"), vm_image["hlsjs"]
     r = fabriclab("vm", "build", timeout=120)
     assert "cached" in r.stdout
 
@@ -82,6 +84,9 @@ def test_doctor_in_the_guest_shows_the_full_kernel(session):
     assert doc["dctcp"] and {"reno", "cubic", "dctcp"} <= set(doc["congestion_controls"])
     assert doc["vm"]["accelerator"] in ("kvm", "tcg")
     assert doc["vm"]["guest_kernel"].startswith("6.1.")
+    # Every part of real media on the plain Debian 12 image, hls.js installed by set-up
+    # from the image's mirror (no npm there): the browser viewer is ready.
+    assert doc["media"] == {"missing": [], "browser_viewer": True}, doc["media"]
 
 
 @pytest.mark.parametrize("policy", [*DECIDED, "ovs-select"])
@@ -255,6 +260,12 @@ def test_streaming_incident_on_real_media_in_the_guest(session):
                 continue
             rtmp = f["players"]["rtmp"]
             assert f["received"] and rtmp["startup_delay_s"] is not None, (name, f["id"])
+        # The browser viewer (hls.js in Chromium, set up on the plain Debian 12 image)
+        # played the first big stream: it joined and its first frame came.
+        browsers = [f["players"]["hlsjs"] for f in d["flows"]
+                    if (f.get("players") or {}).get("hlsjs") is not None]
+        assert len(browsers) == 1 and browsers[0]["startup_delay_s"] is not None, \
+            (name, browsers)
         seen = {**r, "links": d["links"], "flows": d["flows"]}
         assert check_links_agree_with_flows(seen) == [], name
     inc = ph["incident"]
