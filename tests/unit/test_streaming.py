@@ -89,12 +89,15 @@ def test_phases_subset_keeps_order():
     ("topology.uplink_bw=5000", "topology.uplink_bw"),
     ("topology.nosuch=1", "topology.nosuch"),
     ("streams.media=vhs", "streams.media"),
+    ("streams.browser=maybe", "streams.browser"),
+    ("streams.browser=off", "streams.browser"),      # YAML's false, not a choice
+    ("streams.media=synthetic streams.browser=always", "streams.browser"),
     ("streams.gop_s=9", "streams.gop_s"),
     ("streams.gop_s=0", "streams.gop_s"),
 ])
 def test_bad_values_name_their_field(item, field):
     with pytest.raises((ScenarioError, TopologyError)) as exc:
-        plan_for([item])
+        plan_for(item.split())
     assert exc.value.field == field, str(exc.value)
 
 
@@ -163,6 +166,23 @@ def test_real_media_is_rtmp_over_tcp_and_needs_its_packages(monkeypatch):
     _, params, streams = plan_for([])
     assert media.resolve(params) == "synthetic"
     assert {s.dport for s in streams} != {media.RTMP_PORT}
+
+
+def test_the_browser_viewer_is_where_installed_unless_asked(monkeypatch):
+    """``streams.browser``: auto follows what is installed, never turns it off, and always
+    without Chromium or hls.js is one error naming the field and what to install."""
+    from lab.kinds.streaming import media
+    _, params, _ = plan_for(["streams.browser=never"])
+    assert media.browser(params) is False
+    _, params, _ = plan_for([])
+    assert media.browser(params) is media.browser_ready()
+    monkeypatch.setattr(media, "HLSJS", media.CACHE_DIR / "nosuch-hls.min.js")
+    _, params, _ = plan_for([])
+    assert media.browser(params) is False
+    if not media.missing_packages():
+        with pytest.raises(ScenarioError, match=r"nosuch-hls\.min\.js") as exc:
+            plan_for(["streams.media=real", "streams.browser=always"])
+        assert exc.value.field == "streams.browser"
 
 
 def test_nginx_listens_only_on_its_fabric_address(tmp_path):

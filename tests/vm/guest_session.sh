@@ -11,8 +11,15 @@ POLICIES=${2:-hash5 hash-l3 hash5-tier ovs-select}   # ecmp-basic's, space-separ
 LANE=${3:-full}
 # The real-media incident's TCG profile: one media server, two big streams at twice the rate
 # (the same overload of the hot uplink as four at the scenario's rate, half the programs).
+# No browser viewer there: Chromium takes most of a vCPU, which its players cannot spare.
 STREAMING_REAL_SETS="--set topology.servers=1 --set before.servers=1 --set after.servers=1
-    --set after.big_streams=2 --set after.normal_streams=0 --set streams.big_mbps=12"
+    --set after.big_streams=2 --set after.normal_streams=0 --set streams.big_mbps=12
+    --set streams.browser=never"
+# The browser viewer (hls.js in Chromium) on one stream of one server, for long enough that
+# Chromium starts and plays under TCG (it took 22 s).
+BROWSER_SETS="--set streams.media=real --set streams.browser=always --set phases=before-upgrade
+    --set topology.servers=1 --set before.servers=1 --set after.servers=1
+    --set before.big_streams=1 --duration 40"
 PY=$(. /etc/fabriclab/env && echo "$VENV")/bin/python
 step() {   # step NAME CMD...: run, log, keep the exit status
     local name=$1; shift
@@ -39,6 +46,7 @@ if [ "$LANE" = full ]; then
     # network's (docs/kinds/streaming.md, "Real media in the VM").
     step streaming-real fabriclab run streaming-incident --set streams.media=real \
         --set phases=before-upgrade,incident $STREAMING_REAL_SETS --out "$OUT/streaming-real"
+    step browser fabriclab run streaming-incident $BROWSER_SETS --out "$OUT/browser"
     step allreduce fabriclab run allreduce-ecmp --out "$OUT/allreduce"
 fi
 

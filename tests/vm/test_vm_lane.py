@@ -260,12 +260,6 @@ def test_streaming_incident_on_real_media_in_the_guest(session):
                 continue
             rtmp = f["players"]["rtmp"]
             assert f["received"] and rtmp["startup_delay_s"] is not None, (name, f["id"])
-        # The browser viewer (hls.js in Chromium, set up on the plain Debian 12 image)
-        # played the first big stream: it joined and its first frame came.
-        browsers = [f["players"]["hlsjs"] for f in d["flows"]
-                    if (f.get("players") or {}).get("hlsjs") is not None]
-        assert len(browsers) == 1 and browsers[0]["startup_delay_s"] is not None, \
-            (name, browsers)
         seen = {**r, "links": d["links"], "flows": d["flows"]}
         assert check_links_agree_with_flows(seen) == [], name
     inc = ph["incident"]
@@ -280,6 +274,26 @@ def test_streaming_incident_on_real_media_in_the_guest(session):
     if r["environment"]["vm"]["accelerator"] == "kvm":
         assert ph["before-upgrade"]["stalls"] == 0 and inc["stalls"] > 0
     check_rate_profile(r)
+
+
+@pytest.mark.vm_full
+def test_the_browser_viewer_plays_on_the_plain_debian_image(session):
+    """hls.js, installed by set-up on the plain Debian 12 image (from the image's mirror:
+    no npm there), plays a stream in headless Chromium: one stream of one server, 40 s,
+    so that Chromium starts and plays under TCG (22 s to its first frame; beside the
+    incident's players it did not load its page in 12 s). Its versions come from the page,
+    its first frame from hls.js. The run's network numbers are not asserted: under TCG its
+    datapath waits (the emulator's CPU), as the real-media incident's does."""
+    r = guest_result(session, "browser")
+    assert r["metrics"]["media"] == "real"
+    browsers = [f["players"]["hlsjs"] for f in r["flows"]
+                if (f.get("players") or {}).get("hlsjs") is not None]
+    assert len(browsers) == 1, browsers
+    b = browsers[0]
+    print("browser viewer in the guest:", b["player"], "startup", b["startup_delay_s"],
+          "stalls", b["stalls"])
+    assert f"hls.js {hlsjs.VERSION} in Chromium" in b["player"], b
+    assert b["startup_delay_s"] is not None, b
 
 
 @pytest.mark.vm_full

@@ -47,6 +47,7 @@ HLS_LAG_S = 4.0
 PACKAGES = {"ffmpeg": Path("/usr/bin/ffmpeg"), "nginx": Path("/usr/sbin/nginx"),
             "libnginx-mod-rtmp": RTMP_MODULE}
 MEDIA_CHOICES = ("real", "synthetic")
+BROWSER_CHOICES = ("auto", "always", "never")
 #: Encoded clips, one per (bitrate, frame rate, GOP, ffmpeg build): kept across runs.
 CACHE_DIR = Path("/var/cache/fabriclab/media")
 #: Audio in every clip; the video gets the rest of the stream's bitrate.
@@ -68,6 +69,20 @@ def missing_packages() -> list[str]:
 def browser_ready() -> bool:
     """Whether the hls.js viewer can run here: the headless browser and hls.js present."""
     return CHROMIUM.exists() and HLSJS.exists()
+
+
+def browser(params: dict[str, Any]) -> bool:
+    """``streams.browser``: whether the first big stream also gets the hls.js viewer.
+    ``auto`` (the default) where Chromium and hls.js are installed; ``always`` requires them
+    (one error naming what to install, before anything starts); ``never``: Chromium takes
+    most of a core, which a TCG guest's real media cannot spare beside its players."""
+    asked = params["streams"].get("browser", "auto")
+    if asked == "never":
+        return False
+    if asked == "always" and not browser_ready():
+        raise ScenarioError("streams.browser", "the browser viewer needs Chromium "
+                            f"({CHROMIUM}) and hls.js ({HLSJS}): make setup installs both")
+    return browser_ready()
 
 
 def resolve(params: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from lab.kinds.streaming.media import MEDIA_CHOICES, RTMP_PORT, resolve
+from lab.kinds.streaming.media import BROWSER_CHOICES, MEDIA_CHOICES, RTMP_PORT, browser, resolve
 from lab.model.errors import ScenarioError
 from lab.model.flows import FIXED_SPORTS, FlowSpec
 from lab.model.scenario import Param, require
@@ -22,8 +22,9 @@ PLAYER_PORT_BASE = 9000
 #: The origin's streams: what it sends across the edge, each to a CDN node. With real media
 #: each one reaches the origin first as a ``relay`` from an ingest media server.
 ORIGIN_ROLES = ("big", "normal")
-#: Keys a scenario may leave out: the media (see ``media.resolve``) and real media's GOP.
-OPTIONAL = ("phases", "streams.media", "streams.gop_s")
+#: Keys a scenario may leave out: the media (see ``media.resolve``), real media's GOP and
+#: its browser viewer (``media.browser``).
+OPTIONAL = ("phases", "streams.media", "streams.gop_s", "streams.browser")
 DEFAULT_GOP_S = 1.0
 
 SCHEMA: dict[str, Param] = {
@@ -37,6 +38,9 @@ SCHEMA: dict[str, Param] = {
     # sender and player. Default: real where ffmpeg and nginx-rtmp are installed.
     "streams.media": Param(str, choices=MEDIA_CHOICES),
     "streams.gop_s": Param(float, 0.1, 10),
+    # The hls.js viewer in headless Chromium on the first big stream (real media): auto
+    # (where installed), always (required), never.
+    "streams.browser": Param(str, choices=BROWSER_CHOICES),
     "before.uplink_bw": Param(float, 1, 1000),
     "before.servers": Param(int, 1, 32),
     "before.big_streams": Param(int, 1, 32),
@@ -120,6 +124,10 @@ def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> None:
     require(params, [k for k in SCHEMA if k not in OPTIONAL], "streaming")
     sp = params["streams"]
     sp.setdefault("gop_s", DEFAULT_GOP_S)
+    if sp.get("browser") == "always" and resolve(params) != "real":
+        raise ScenarioError("streams.browser", "the browser viewer plays real media's HLS, "
+                            "and this run streams synthetic media (streams.media: real)")
+    browser(params)                        # asked for and missing: said before anything starts
     if sp.get("media") == "real" and sp["proto"] != "tcp":
         raise ScenarioError("streams.proto", "real media is RTMP, over TCP (or "
                             "streams.media: synthetic for UDP)")

@@ -264,7 +264,7 @@ class EdgePrograms:
         procs, ready = [], []
         origin = [s for s in streams if s.role != "ingest"]
         browser = next((s for s in origin if s.role == "big"), None) \
-            if media.browser_ready() else None
+            if media.browser(self.params) else None
         for s in origin:
             url = f"http://{s.dst_ip}:{media.HLS_PORT}/hls/{stream_name(s)}.m3u8"
             common = ["--url", url, "--stream-id", str(s.stream_id),
