@@ -79,6 +79,9 @@ def browser(params: dict[str, Any]) -> bool:
     asked = params["streams"].get("browser", "auto")
     if asked == "never":
         return False
+    if asked == "always" and resolve(params) != "real":
+        raise ScenarioError("streams.browser", "the browser viewer plays real media's HLS, "
+                            "and this run streams synthetic media (streams.media: real)")
     if asked == "always" and not browser_ready():
         raise ScenarioError("streams.browser", "the browser viewer needs Chromium "
                             f"({CHROMIUM}) and hls.js ({HLSJS}): make setup installs both")

@@ -124,10 +124,7 @@ def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> None:
     require(params, [k for k in SCHEMA if k not in OPTIONAL], "streaming")
     sp = params["streams"]
     sp.setdefault("gop_s", DEFAULT_GOP_S)
-    if sp.get("browser") == "always" and resolve(params) != "real":
-        raise ScenarioError("streams.browser", "the browser viewer plays real media's HLS, "
-                            "and this run streams synthetic media (streams.media: real)")
-    browser(params)                        # asked for and missing: said before anything starts
+    browser(params)                # asked for and impossible: said before anything starts
     if sp.get("media") == "real" and sp["proto"] != "tcp":
         raise ScenarioError("streams.proto", "real media is RTMP, over TCP (or "
                             "streams.media: synthetic for UDP)")
