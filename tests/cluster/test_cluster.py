@@ -109,6 +109,7 @@ def test_polarisation_fat_tree_split_by_pods_takes_the_paths_of_one_machine(
     check_split_as_one_machine(lane, split, one, f"/root/ecmp-polarisation-{policy}-split")
 
 
+@pytest.mark.cluster_full          # 5 minutes under TCG: make test-cluster only
 def test_allreduce_ring_crosses_the_workers_as_on_one_machine(lane) -> None:
     split, one = split_and_one(lane, "allreduce-ecmp", "hash5", "--set", "job.steps=8")
     where = split["cluster"]["placement"]

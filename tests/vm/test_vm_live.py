@@ -17,6 +17,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.vm.conftest import CLI, REPO, load
 
 URL = re.compile(r"live view: (http://127\.0\.0\.1:(\d+)/)")
@@ -37,6 +39,7 @@ def read_state(url: str) -> dict | None:
         return None
 
 
+@pytest.mark.vm_full              # about 2 minutes under TCG: make test-vm only
 def test_the_live_view_in_the_guest_is_read_from_the_host(vm_image, tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = subprocess.Popen([*CLI, "vm", "run", "ecmp-one-pair", "--policy", "hash-l3",
