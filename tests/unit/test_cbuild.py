@@ -1,0 +1,38 @@
+"""lab.machine.cbuild: a C program is rebuilt when a source or header changes, reused when
+not, and a compile error is one MachineError carrying the compiler's message."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lab.machine import cbuild
+from lab.model.errors import MachineError
+
+
+def sources(tmp_path: Path, value: int) -> Path:
+    (tmp_path / "answer.h").write_text(f"#define ANSWER {value}\n")
+    src = tmp_path / "main.c"
+    src.write_text('#include "answer.h"\nint main(void) { return ANSWER; }\n')
+    return src
+
+
+def test_built_once_and_again_when_a_header_changes(tmp_path: Path) -> None:
+    out = tmp_path / "build"
+    first = cbuild.build("answer", [sources(tmp_path, 7)], build_dir=out)
+    assert subprocess.run([first]).returncode == 7
+    mtime = first.stat().st_mtime_ns
+    assert cbuild.build("answer", [sources(tmp_path, 7)], build_dir=out) == first
+    assert first.stat().st_mtime_ns == mtime                   # reused, not rebuilt
+    second = cbuild.build("answer", [sources(tmp_path, 9)], build_dir=out)
+    assert second != first and subprocess.run([second]).returncode == 9
+
+
+def test_a_compile_error_names_the_program_and_says_why(tmp_path: Path) -> None:
+    src = tmp_path / "bad.c"
+    src.write_text("int main(void) { return undefined_name; }\n")
+    with pytest.raises(MachineError, match=r"(?s)^bad: .*undefined_name"):
+        cbuild.build("bad", [src], build_dir=tmp_path / "build")
+    assert list((tmp_path / "build").iterdir()) == []          # no half-built file left
