@@ -1,0 +1,252 @@
+"""RoCEv2 packets as ``lab/agents/roce/wire.c`` builds them, byte by byte, and its ICRC.
+
+Why the expected bytes are written out here with ``struct.pack`` and the ICRC computed with
+``zlib.crc32``: the C file is the transport's only packet builder, so the test states the
+Annex A17 layout independently (a second reading of the spec, not a second copy of the
+code) and the ICRC's masking rule once more in Python. tshark's decoding of real captured
+packets is checked by tests/integration/test_roce_transport.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+
+from lab.machine import cbuild
+
+ROCE = Path(__file__).resolve().parents[2] / "lab" / "agents" / "roce"
+SRC, DST = 0x0A4D0101, 0x0A4D0202          # 10.77.1.1 -> 10.77.2.2
+PSN_SPACE = 1 << 24
+
+
+class Ip(ctypes.Structure):
+    """``struct roce_ip`` of wire.h (checked against the compiler below)."""
+
+    _fields_ = [("saddr", ctypes.c_uint32), ("daddr", ctypes.c_uint32),
+                ("sport", ctypes.c_uint16), ("ip_id", ctypes.c_uint16),
+                ("tos", ctypes.c_uint8), ("ttl", ctypes.c_uint8)]
+
+
+class Hdr(ctypes.Structure):
+    """``struct roce_hdr`` of wire.h (checked against the compiler below)."""
+
+    _fields_ = [("opcode", ctypes.c_uint8), ("se", ctypes.c_uint8), ("mig", ctypes.c_uint8),
+                ("pad", ctypes.c_uint8), ("pkey", ctypes.c_uint16), ("dqpn", ctypes.c_uint32),
+                ("ackreq", ctypes.c_uint8), ("resv8a", ctypes.c_uint8),
+                ("psn", ctypes.c_uint32), ("va", ctypes.c_uint64), ("rkey", ctypes.c_uint32),
+                ("dma_len", ctypes.c_uint32), ("syndrome", ctypes.c_uint8),
+                ("msn", ctypes.c_uint32)]
+
+
+C_TYPES = {ctypes.c_uint8: "uint8_t", ctypes.c_uint16: "uint16_t",
+           ctypes.c_uint32: "uint32_t", ctypes.c_uint64: "uint64_t"}
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    """wire.c built as the program builds it (clang -Wall -Wextra -Werror), once."""
+    so = cbuild.build("roce-wire", [ROCE / "wire.c"], shared=True,
+                      build_dir=tmp_path_factory.mktemp("roce-wire"))
+    dl = ctypes.CDLL(str(so))
+    dl.roce_build.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(Ip),
+                              ctypes.POINTER(Hdr), ctypes.c_size_t]
+    dl.roce_build.restype = ctypes.c_size_t
+    dl.roce_parse.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.POINTER(Hdr),
+                              ctypes.POINTER(ctypes.c_size_t)]
+    dl.roce_parse.restype = ctypes.c_int
+    dl.roce_icrc.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    dl.roce_icrc.restype = ctypes.c_uint32
+    dl.roce_psn_add.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
+    dl.roce_psn_add.restype = ctypes.c_uint32
+    dl.roce_psn_diff.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
+    dl.roce_psn_diff.restype = ctypes.c_int32
+    return dl
+
+
+def build(lib: ctypes.CDLL, payload: int = 0, *, tos: int = 0x6A, **fields: int) -> bytes:
+    """One packet from wire.c: 10.77.1.1:50000 -> 10.77.2.2:4791, ID 0x1234, TTL 64."""
+    ip = Ip(saddr=SRC, daddr=DST, sport=50000, ip_id=0x1234, tos=tos, ttl=64)
+    hdr = Hdr(pkey=0xFFFF, **fields)
+    buf = ctypes.create_string_buffer(8192)
+    n = lib.roce_build(buf, len(buf), ctypes.byref(ip), ctypes.byref(hdr), payload)
+    assert n, f"roce_build refused {fields}"
+    return buf.raw[:n]
+
+
+def icrc_by_zlib(pkt: bytes) -> bytes:
+    """The ICRC as Annex A17 describes it, independently of wire.c: CRC-32 over 8 bytes of
+    ones (RoCEv2's stand-in for the LRH), the packet with TOS, TTL, IP checksum, UDP
+    checksum and BTH byte 4 set to ones, up to the ICRC; stored little-endian as rxe does."""
+    masked = bytearray(pkt[:-4])
+    masked[1] = 0xFF                       # TOS (DSCP and ECN: routers rewrite them)
+    masked[8] = 0xFF                       # TTL
+    masked[10:12] = b"\xff\xff"            # IPv4 header checksum
+    masked[26:28] = b"\xff\xff"            # UDP checksum
+    masked[32] = 0xFF                      # BTH resv8a
+    return struct.pack("<I", zlib.crc32(b"\xff" * 8 + bytes(masked)))
+
+
+def ip_checksum(header: bytes) -> int:
+    total = sum(struct.unpack("!10H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def expected(transport: bytes, body: int, *, tos: int = 0x6A) -> bytes:
+    """IPv4 (DF, TTL 64, UDP) + UDP (checksum 0) + ``transport`` + ``body`` zeros, the ICRC
+    left as four zero bytes (checked separately)."""
+    length = 20 + 8 + len(transport) + body + 4
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, tos, length, 0x1234, 0x4000, 64, 17, 0,
+                     SRC.to_bytes(4, "big"), DST.to_bytes(4, "big"))
+    ip = ip[:10] + struct.pack("!H", ip_checksum(ip)) + ip[12:]
+    udp = struct.pack("!HHHH", 50000, 4791, length - 20, 0)
+    return ip + udp + transport + bytes(body) + bytes(4)
+
+
+def bth(opcode: int, dqpn: int, psn: int, *, ackreq: int = 0, pad: int = 0) -> bytes:
+    """The 12-byte BTH: opcode; SE|M|pad|TVer; P_Key; resv8a; dest QP; A|resv7; PSN."""
+    return struct.pack("!BBHB3sB3s", opcode, pad << 4, 0xFFFF, 0, dqpn.to_bytes(3, "big"),
+                       ackreq << 7, psn.to_bytes(3, "big"))
+
+
+RETH = struct.pack("!QII", 0x10000000, 0x1234, 4096)
+
+#: (name, build fields, payload, expected transport headers, payload bytes on the wire)
+CASES = [
+    ("write-first", dict(opcode=0x06, dqpn=0x000123, psn=100, va=0x10000000, rkey=0x1234,
+                         dma_len=4096), 1024, bth(0x06, 0x123, 100) + RETH, 1024),
+    ("write-middle", dict(opcode=0x07, dqpn=0x000123, psn=101), 1024,
+     bth(0x07, 0x123, 101), 1024),
+    ("write-last", dict(opcode=0x08, dqpn=0x000123, psn=103, ackreq=1), 1024,
+     bth(0x08, 0x123, 103, ackreq=1), 1024),
+    ("write-only", dict(opcode=0x0A, dqpn=0xABCDEF, psn=0xFFFFFF, ackreq=1, va=0x10000000,
+                        rkey=0x1234, dma_len=4096), 1024,
+     bth(0x0A, 0xABCDEF, 0xFFFFFF, ackreq=1) + RETH, 1024),
+    ("write-only-padded", dict(opcode=0x0A, dqpn=7, psn=5, ackreq=1, pad=3, va=0x10000000,
+                               rkey=0x1234, dma_len=4096), 5,
+     bth(0x0A, 7, 5, ackreq=1, pad=3) + RETH, 8),
+    ("ack", dict(opcode=0x11, dqpn=0x000122, psn=103, syndrome=0x1F, msn=9), 0,
+     bth(0x11, 0x122, 103) + struct.pack("!B3s", 0x1F, (9).to_bytes(3, "big")), 0),
+    ("nak-psn-sequence-error", dict(opcode=0x11, dqpn=0x000122, psn=0xFFFFFE, syndrome=0x60,
+                                    msn=0xFFFFFF), 0,
+     bth(0x11, 0x122, 0xFFFFFE) + struct.pack("!B3s", 0x60, b"\xff\xff\xff"), 0),
+    ("cnp", dict(opcode=0x81, dqpn=0x000122), 0, bth(0x81, 0x122, 0) + bytes(16), 0),
+]
+
+
+@pytest.mark.parametrize("name, fields, payload, transport, body", CASES,
+                         ids=[c[0] for c in CASES])
+def test_header_layout_byte_by_byte(lib: ctypes.CDLL, name: str, fields: dict,
+                                    payload: int, transport: bytes, body: int) -> None:
+    """Every header byte where Annex A17 puts it (the ICRC's 4 bytes compared apart)."""
+    tos = 0xC0 if name == "cnp" else 0x6A         # CNPs: DSCP 48, not ECN-capable
+    pkt = build(lib, payload, tos=tos, **fields)
+    want = expected(transport, body, tos=tos)
+    assert len(pkt) == len(want), name
+    for i, (got, exp) in enumerate(zip(pkt[:-4], want[:-4], strict=True)):
+        assert got == exp, f"{name}: byte {i}: {got:#04x}, want {exp:#04x}"
+    assert pkt[-4:] == icrc_by_zlib(pkt), name
+
+
+@pytest.mark.parametrize("name, fields, payload, transport, body", CASES,
+                         ids=[c[0] for c in CASES])
+def test_parse_reads_back_what_was_built(lib: ctypes.CDLL, name: str, fields: dict,
+                                         payload: int, transport: bytes, body: int) -> None:
+    """The receiver's parser (UDP payload in, as a UDP socket delivers) inverts the builder."""
+    pkt = build(lib, payload, **fields)
+    h, n = Hdr(), ctypes.c_size_t()
+    assert lib.roce_parse(pkt[28:], len(pkt) - 28, ctypes.byref(h), ctypes.byref(n)) == 0
+    for key, value in fields.items():
+        assert getattr(h, key) == value, (name, key)
+    assert n.value == (payload if body else 0), name
+
+
+def test_parse_refuses_what_it_cannot_read(lib: ctypes.CDLL) -> None:
+    """Too short, an opcode this transport does not speak, a pad count beyond the payload."""
+    h = Hdr()
+    good = build(lib, 0, opcode=0x11, dqpn=1, psn=1, syndrome=0x1F)[28:]
+    assert lib.roce_parse(good, len(good), ctypes.byref(h), None) == 0
+    assert lib.roce_parse(good[:15], 15, ctypes.byref(h), None) == -1
+    unknown = b"\x04" + good[1:]                     # RC SEND Only
+    assert lib.roce_parse(unknown, len(unknown), ctypes.byref(h), None) == -1
+    only = bytearray(build(lib, 0, opcode=0x0A, dqpn=1, psn=1)[28:])
+    only[1] |= 3 << 4                                # pad 3 with no payload
+    assert lib.roce_parse(bytes(only), len(only), ctypes.byref(h), None) == -1
+
+
+def test_icrc_covers_what_routers_keep_and_masks_what_they_change(lib: ctypes.CDLL) -> None:
+    """ECN marking, a new DSCP, a TTL decrement, the checksums and resv8a leave the ICRC
+    as it was; the IP ID, an address, a port, the PSN or a payload byte change it."""
+    pkt = build(lib, 256, opcode=0x07, dqpn=0x123, psn=42)
+    icrc = lib.roce_icrc(pkt, len(pkt))
+    assert struct.pack("<I", icrc) == pkt[-4:] == icrc_by_zlib(pkt)
+    for offset, value in ((1, 0x6B), (1, 0x00), (8, 63), (10, 0), (11, 0), (26, 0xAB),
+                          (32, 0x40)):
+        changed = bytearray(pkt)
+        changed[offset] = value
+        assert lib.roce_icrc(bytes(changed), len(pkt)) == icrc, offset
+    for offset in (4, 5, 15, 19, 20, 21, 29, 39, 100, len(pkt) - 5):
+        changed = bytearray(pkt)
+        changed[offset] ^= 0x01
+        assert lib.roce_icrc(bytes(changed), len(pkt)) != icrc, offset
+
+
+def test_icrc_of_long_packets_matches_zlib(lib: ctypes.CDLL) -> None:
+    """The slicing-by-8 loop against zlib over every payload length mod 8 and a full 4 KiB."""
+    for payload in (*range(1, 17), 1023, 4096):
+        pad = -payload % 4
+        pkt = build(lib, payload, opcode=0x07, dqpn=9, psn=payload, pad=pad)
+        assert pkt[-4:] == icrc_by_zlib(pkt), payload
+
+
+def test_psn_arithmetic_wraps_at_24_bits(lib: ctypes.CDLL) -> None:
+    """PSNs are 24-bit: 0xFFFFFF + 1 is 0, and 0 is one ahead of 0xFFFFFF."""
+    assert lib.roce_psn_add(PSN_SPACE - 1, 1) == 0
+    assert lib.roce_psn_add(PSN_SPACE - 3, 10) == 7
+    assert lib.roce_psn_add(5, PSN_SPACE - 1) == 4          # adding 2^24 - 1 is minus one
+    assert lib.roce_psn_diff(0, PSN_SPACE - 1) == 1
+    assert lib.roce_psn_diff(PSN_SPACE - 1, 0) == -1
+    assert lib.roce_psn_diff(3, PSN_SPACE - 5) == 8
+    assert lib.roce_psn_diff(100, 100) == 0
+    assert lib.roce_psn_diff(PSN_SPACE // 2 - 1, 0) == PSN_SPACE // 2 - 1
+    assert lib.roce_psn_diff(PSN_SPACE // 2, 0) == -(PSN_SPACE // 2)
+
+
+def test_build_refuses_unknown_opcodes_and_small_buffers(lib: ctypes.CDLL) -> None:
+    ip, buf = Ip(saddr=SRC, daddr=DST, sport=1, ip_id=1, tos=0, ttl=64), \
+        ctypes.create_string_buffer(2048)
+    assert lib.roce_build(buf, len(buf), ctypes.byref(ip), ctypes.byref(Hdr(opcode=0x04)),
+                          0) == 0
+    only = Hdr(opcode=0x0A)
+    assert lib.roce_build(buf, 1000, ctypes.byref(ip), ctypes.byref(only), 1024) == 0
+    assert lib.roce_build(buf, 2048, ctypes.byref(ip), ctypes.byref(only), 1024) == \
+        20 + 8 + 12 + 16 + 1024 + 4
+
+
+def test_the_structs_are_laid_out_as_the_compiler_lays_them(tmp_path: Path) -> None:
+    """A mirror that drifts from wire.h would write the wrong fields silently: the compiler
+    is asked each field's type (a wrong name or type does not compile), offset and size."""
+    lines = ["#include <stddef.h>", '#include "wire.h"']
+    offsets = []
+    for struct_name, mirror in (("roce_ip", Ip), ("roce_hdr", Hdr)):
+        for name, ctype in mirror._fields_:
+            lines.append(f"_Static_assert(_Generic(((struct {struct_name} *)0)->{name}, "
+                         f'{C_TYPES[ctype]}: 1, default: 0), "{struct_name}.{name}");')
+            offsets.append(f"offsetof(struct {struct_name}, {name})")
+    lines.append(f"const size_t layout[] = {{ sizeof(struct roce_ip), sizeof(struct roce_hdr),"
+                 f" {', '.join(offsets)} }};")
+    src = tmp_path / "layout.c"
+    src.write_text("\n".join(lines) + "\n")
+    so = cbuild.build("roce-wire-layout", [src], shared=True, flags=["-I", str(ROCE)],
+                      build_dir=tmp_path / "build")
+    n = 2 + len(Ip._fields_) + len(Hdr._fields_)
+    got = list((ctypes.c_size_t * n).in_dll(ctypes.CDLL(str(so)), "layout"))
+    want = [ctypes.sizeof(Ip), ctypes.sizeof(Hdr),
+            *(getattr(Ip, f).offset for f, _ in Ip._fields_),
+            *(getattr(Hdr, f).offset for f, _ in Hdr._fields_)]
+    assert got == want
