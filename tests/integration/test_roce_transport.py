@@ -392,3 +392,21 @@ def test_ce_marks_bring_paced_cnps_and_dcqcn_cuts(rig: Rig, tmp_path: Path) -> N
                          "infiniband.bth.destqp")
     qpns = {q["qpn"] for q in client["qps"]}
     assert rows and all(r[:3] == ["48", "0", "129"] and int(r[3], 16) in qpns for r in rows)
+
+
+def test_without_a_responder_the_qp_fails_after_its_retries(rig: Rig, tmp_path: Path) -> None:
+    """No server in B: nothing is ever acknowledged, so the retransmission timer fires
+    retry-cnt + 1 times, the QP goes to the error state and the program exits non-zero,
+    saying why on one line and in its JSON."""
+    out = tmp_path / "client.json"
+    r = rig.ns(rig.ns_a, str(rig.program), "--client", rig.ip_b, "--iters", "1", "--size",
+               str(SIZE), "--rto-ms", "5", "--retry-cnt", "3", "--cc", "none", "--rate-mbps",
+               str(RATE_MBIT), "--out", str(out), check=False)
+    client = json.loads(out.read_text())
+    print(f"\n(5) no responder: exit {r.returncode}, {r.stderr.strip()}")
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "retry count exceeded" in r.stderr
+    qp = client["qps"][0]
+    assert qp["state"] == "ERROR" and "retry count exceeded" in client["error"]
+    assert qp["rto_events"] == 4 and qp["messages_completed"] == 0
+    assert qp["retransmitted_packets"] == 3 * SIZE // MTU

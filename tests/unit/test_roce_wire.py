@@ -1,4 +1,5 @@
-"""RoCEv2 packets as ``lab/agents/roce/wire.c`` builds them, byte by byte, and its ICRC.
+"""RoCEv2 packets as ``lab/agents/roce/wire.c`` builds them, byte by byte, and its ICRC;
+then one queue pair's state machines (``qp.c``) driven packet by packet over those headers.
 
 Why the expected bytes are written out here with ``struct.pack`` and the ICRC computed with
 ``zlib.crc32``: the C file is the transport's only packet builder, so the test states the
@@ -250,3 +251,251 @@ def test_the_structs_are_laid_out_as_the_compiler_lays_them(tmp_path: Path) -> N
             *(getattr(Ip, f).offset for f, _ in Ip._fields_),
             *(getattr(Hdr, f).offset for f, _ in Hdr._fields_)]
     assert got == want
+
+
+# ---- one queue pair (qp.c) over these headers -----------------------------------------
+
+class Config(ctypes.Structure):
+    """``struct qp_config`` of qp.h (checked against the compiler below)."""
+
+    _fields_ = [("mtu", ctypes.c_uint32), ("msg_size", ctypes.c_uint64),
+                ("tx_depth", ctypes.c_uint32), ("iters", ctypes.c_uint64),
+                ("ackreq_every", ctypes.c_uint32), ("rto_ns", ctypes.c_uint64),
+                ("retry_cnt", ctypes.c_uint32), ("start_psn", ctypes.c_uint32),
+                ("cc_dcqcn", ctypes.c_int), ("line_rate_bps", ctypes.c_double),
+                ("burst_pkts", ctypes.c_uint32), ("sport", ctypes.c_uint16)]
+
+
+class ReqCounters(ctypes.Structure):
+    """``struct qp_req_counters`` of qp.h."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "packets_sent", "payload_bytes_sent", "wire_bytes_sent", "retransmitted_packets",
+        "acks_received", "naks_received", "cnps_received", "rto_events", "messages_posted",
+        "messages_completed")]
+
+
+class RespCounters(ctypes.Structure):
+    """``struct qp_resp_counters`` of qp.h."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "packets_received", "payload_bytes_received", "wire_bytes_received",
+        "messages_received", "duplicates", "out_of_sequence", "acks_sent", "naks_sent",
+        "cnps_sent", "ce_received")]
+
+
+C_TYPES.update({ctypes.c_int: "int", ctypes.c_double: "double"})
+MS = 1_000_000
+LINE = 100e6
+
+
+class QpLib:
+    """qp.c (with wire.c and dcqcn.c) as a shared library, and the sizes and offsets of
+    its structs as the compiler has them, so Python reads the counters where C wrote them."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.dl = ctypes.CDLL(str(cbuild.build(
+            "roce-qp", [ROCE / "wire.c", ROCE / "qp.c", ROCE / "dcqcn.c"], shared=True,
+            build_dir=tmp / "build")))
+        lines = ["#include <stddef.h>", '#include "qp.h"']
+        for struct_name, mirror in (("qp_config", Config), ("qp_req_counters", ReqCounters),
+                                    ("qp_resp_counters", RespCounters)):
+            for name, ctype in mirror._fields_:
+                lines.append(f"_Static_assert(_Generic(((struct {struct_name} *)0)->{name}, "
+                             f'{C_TYPES[ctype]}: 1, default: 0), "{struct_name}.{name}");')
+        config_offsets = ", ".join(f"offsetof(struct qp_config, {f})" for f, _ in
+                                   Config._fields_)
+        lines.append("const size_t layout[] = {sizeof(struct qp_requester), "
+                     "offsetof(struct qp_requester, n), offsetof(struct qp_requester, state),"
+                     " sizeof(struct qp_responder), offsetof(struct qp_responder, n), "
+                     "sizeof(struct qp_config), sizeof(struct qp_req_counters), "
+                     f"sizeof(struct qp_resp_counters), {config_offsets}}};")
+        src = tmp / "qp_layout.c"
+        src.write_text("\n".join(lines) + "\n")
+        so = cbuild.build("roce-qp-layout", [src], shared=True, flags=["-I", str(ROCE)],
+                          build_dir=tmp / "build")
+        got = list((ctypes.c_size_t * (8 + len(Config._fields_))).in_dll(
+            ctypes.CDLL(str(so)), "layout"))
+        (self.req_size, self.req_n, self.req_state, self.resp_size, self.resp_n,
+         *sizes) = got[:8]
+        assert sizes == [ctypes.sizeof(Config), ctypes.sizeof(ReqCounters),
+                         ctypes.sizeof(RespCounters)]
+        assert got[8:] == [getattr(Config, f).offset for f, _ in Config._fields_]
+        vp, hp, u64 = ctypes.c_void_p, ctypes.POINTER(Hdr), ctypes.c_uint64
+        for name, args, res in (
+                ("qp_req_init", [vp, ctypes.POINTER(Config), ctypes.c_uint32, ctypes.c_uint32,
+                                 u64], ctypes.c_int),
+                ("qp_req_free", [vp], None), ("qp_req_next_len", [vp], ctypes.c_size_t),
+                ("qp_req_take", [vp, hp, ctypes.POINTER(ctypes.c_size_t), u64],
+                 ctypes.c_size_t),
+                ("qp_req_on_packet", [vp, hp, u64], None), ("qp_req_advance", [vp, u64], None),
+                ("qp_req_rate_bps", [vp], ctypes.c_double),
+                ("qp_resp_init", [vp, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, u64],
+                 None),
+                ("qp_resp_on_data", [vp, hp, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
+                                     u64], None),
+                ("qp_resp_response", [vp, hp], ctypes.c_int),
+                ("qp_resp_cnp", [vp, hp], ctypes.c_int)):
+            fn = getattr(self.dl, name)
+            fn.argtypes, fn.restype = args, res
+
+
+class Requester:
+    """A requester QP 0x100 -> 0x101 at 100 Mbit/s, driven with explicit times (ns)."""
+
+    def __init__(self, lib: QpLib, **cfg: float) -> None:
+        self.lib, self.buf = lib, ctypes.create_string_buffer(lib.req_size)
+        config = Config(**{"mtu": 1024, "msg_size": 4096, "tx_depth": 2, "ackreq_every": 64,
+                           "rto_ns": 4 * MS, "retry_cnt": 7, "line_rate_bps": LINE,
+                           "burst_pkts": 4, **cfg})
+        assert lib.dl.qp_req_init(self.buf, ctypes.byref(config), 0x100, 0x101, 0) == 0
+
+    def take(self, now: int = 0) -> Hdr | None:
+        h, n = Hdr(), ctypes.c_size_t()
+        return h if self.lib.dl.qp_req_take(self.buf, ctypes.byref(h), ctypes.byref(n),
+                                            now) else None
+
+    def take_all(self, now: int = 0) -> list[Hdr]:
+        out = []
+        while (h := self.take(now)) is not None:
+            out.append(h)
+        return out
+
+    def receive(self, now: int = 0, **fields: int) -> None:
+        self.lib.dl.qp_req_on_packet(self.buf, ctypes.byref(Hdr(**fields)), now)
+
+    def advance(self, now: int) -> None:
+        self.lib.dl.qp_req_advance(self.buf, now)
+
+    @property
+    def n(self) -> ReqCounters:
+        return ReqCounters.from_buffer(self.buf, self.lib.req_n)
+
+    @property
+    def failed(self) -> bool:
+        return ctypes.c_int.from_buffer(self.buf, self.lib.req_state).value != 0
+
+    def close(self) -> None:
+        self.lib.dl.qp_req_free(self.buf)
+
+
+@pytest.fixture(scope="module")
+def qplib(tmp_path_factory: pytest.TempPathFactory) -> QpLib:
+    return QpLib(tmp_path_factory.mktemp("roce-qp"))
+
+
+def test_a_message_becomes_first_middle_last_across_the_psn_wrap(qplib: QpLib) -> None:
+    """4096 + 100 bytes at MTU 1024: First (RETH) / 3 Middle / Last with AckReq, PSNs
+    crossing 2^24; the send queue (tx_depth 2) then holds back a third message."""
+    q = Requester(qplib, msg_size=4196, start_psn=PSN_SPACE - 2)
+    pkts = q.take_all()
+    assert [h.opcode for h in pkts] == [0x06, 0x07, 0x07, 0x07, 0x08] * 2
+    assert [h.psn for h in pkts[:5]] == [PSN_SPACE - 2, PSN_SPACE - 1, 0, 1, 2]
+    assert [h.ackreq for h in pkts] == [0, 0, 0, 0, 1] * 2
+    assert (pkts[0].va, pkts[0].dma_len, pkts[5].va) == (0x10000000, 4196, 0x10000000 + 4196)
+    assert all(h.dqpn == 0x101 for h in pkts) and qplib.dl.qp_req_next_len(q.buf) == 0
+    assert (q.n.packets_sent, q.n.payload_bytes_sent) == (10, 2 * 4196)
+    q.receive(opcode=0x11, psn=2, syndrome=0x1F)          # the first message's last PSN
+    assert (q.n.messages_completed, q.n.messages_posted) == (1, 3)
+    assert q.take().psn == 8                               # the third message goes out
+    q.close()
+
+
+def test_a_nak_goes_back_to_the_psn_it_names(qplib: QpLib) -> None:
+    """NAK (PSN sequence error) for p: everything before p is acknowledged and sending
+    starts again at p; the packets sent again are counted as retransmitted."""
+    q = Requester(qplib, start_psn=PSN_SPACE - 1)
+    q.take_all()                                           # PSNs 2^24-1, 0 .. 6
+    q.receive(opcode=0x11, psn=1, syndrome=0x60)           # expected: 1, i.e. packet 2
+    assert (q.n.naks_received, q.n.messages_completed) == (1, 0)
+    again = q.take_all()
+    assert [h.psn for h in again] == [1, 2, 3, 4, 5, 6]
+    assert q.n.retransmitted_packets == 6
+    q.receive(opcode=0x11, psn=6, syndrome=0x1F)
+    assert q.n.messages_completed == 2 and not q.failed
+    q.close()
+
+
+def test_the_timer_goes_back_and_the_retry_limit_fails_the_qp(qplib: QpLib) -> None:
+    """No ACK for rto after the AckReq packet: back to the oldest unacknowledged packet;
+    retry_cnt + 1 timeouts without progress put the QP in the error state."""
+    q = Requester(qplib, tx_depth=1, retry_cnt=2)
+    q.take_all()
+    q.receive(opcode=0x11, psn=1, syndrome=0x1F, now=MS)   # progress: packets 0 and 1
+    q.advance(4 * MS)                                      # the timer restarted at 1 ms
+    assert q.n.rto_events == 0
+    q.advance(5 * MS)
+    assert q.n.rto_events == 1 and [h.psn for h in q.take_all(5 * MS)] == [2, 3]
+    q.advance(9 * MS)                                      # re-armed by PSN 3 at 5 ms
+    assert q.n.rto_events == 2 and not q.failed
+    q.take_all(9 * MS)
+    q.advance(13 * MS)
+    assert q.n.rto_events == 3 and q.failed
+    assert qplib.dl.qp_req_next_len(q.buf) == 0
+    q.close()
+
+
+def test_a_cnp_cuts_the_dcqcn_rate(qplib: QpLib) -> None:
+    """With cc_dcqcn a CNP lowers the pacing rate; without, it is only counted."""
+    for cc in (1, 0):
+        q = Requester(qplib, cc_dcqcn=cc)
+        q.receive(opcode=0x81, now=MS)
+        assert q.n.cnps_received == 1
+        rate = qplib.dl.qp_req_rate_bps(q.buf)
+        assert rate < LINE if cc else rate == LINE
+        q.close()
+
+
+def responder(qplib: QpLib, interval_ns: int = 10 * MS) -> ctypes.Array:
+    r = ctypes.create_string_buffer(qplib.resp_size)
+    qplib.dl.qp_resp_init(r, 0x101, 0x100, PSN_SPACE - 2, interval_ns)
+    return r
+
+
+def deliver(qplib: QpLib, r: ctypes.Array, psn: int, *, ackreq: int = 0, ce: int = 0,
+            now: int = 0, opcode: int = 0x07) -> None:
+    h = Hdr(opcode=opcode, dqpn=0x101, psn=psn, ackreq=ackreq)
+    qplib.dl.qp_resp_on_data(r, ctypes.byref(h), 1024, 1122, ce, now)
+
+
+def answer(qplib: QpLib, r: ctypes.Array) -> tuple[int, int] | None:
+    """(syndrome, PSN) of the ACK/NAK owed, or None."""
+    h = Hdr()
+    return (h.syndrome, h.psn) if qplib.dl.qp_resp_response(r, ctypes.byref(h)) else None
+
+
+def test_the_responder_naks_a_gap_once_and_reacks_duplicates(qplib: QpLib) -> None:
+    """In order: accepted, one ACK for the latest PSN; a gap: dropped and one NAK for the
+    expected PSN, none for later packets of the same gap; a duplicate: ACK of e - 1."""
+    r = responder(qplib)
+    n = RespCounters.from_buffer(r, qplib.resp_n)
+    deliver(qplib, r, PSN_SPACE - 2, opcode=0x06)
+    deliver(qplib, r, PSN_SPACE - 1, ackreq=1)
+    deliver(qplib, r, 0, ackreq=1)
+    assert answer(qplib, r) == (0x1F, 0) and answer(qplib, r) is None   # coalesced
+    deliver(qplib, r, 2)                                    # PSN 1 lost
+    assert answer(qplib, r) == (0x60, 1)
+    for psn in (3, 4):
+        deliver(qplib, r, psn, ackreq=1)
+    assert answer(qplib, r) is None                         # one NAK per gap
+    deliver(qplib, r, PSN_SPACE - 1)                        # an old duplicate
+    assert answer(qplib, r) == (0x1F, 0)
+    deliver(qplib, r, 1)
+    deliver(qplib, r, 2, ackreq=1, opcode=0x08)
+    assert answer(qplib, r) == (0x1F, 2)
+    assert (n.payload_bytes_received, n.out_of_sequence, n.duplicates, n.naks_sent,
+            n.messages_received) == (5 * 1024, 3, 1, 1, 1)
+
+
+def test_the_notification_point_sends_one_cnp_per_interval(qplib: QpLib) -> None:
+    """CE on every packet: a CNP for the first, then none until the interval has passed."""
+    r = responder(qplib, interval_ns=10 * MS)
+    h, cnps = Hdr(), []
+    for i in range(30):                                     # one packet a ms
+        deliver(qplib, r, (PSN_SPACE - 2 + i) % PSN_SPACE, ce=1, now=i * MS)
+        if qplib.dl.qp_resp_cnp(r, ctypes.byref(h)):
+            cnps.append(i)
+            assert (h.opcode, h.dqpn, h.psn) == (0x81, 0x100, 0)
+    assert cnps == [0, 10, 20]
+    n = RespCounters.from_buffer(r, qplib.resp_n)
+    assert (n.ce_received, n.cnps_sent) == (30, 3)
