@@ -79,7 +79,7 @@ docs: setup
 	$(VENV)/bin/mkdocs build --strict
 
 test: setup test-tools lint docs
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 unit: setup test-tools
 	$(PY) -m pytest tests/unit

@@ -171,6 +171,7 @@ def test_fault_on_a_cut_link_and_controller_resync(lane) -> None:
     assert after < 20_000, after
 
 
+@pytest.mark.cluster_full          # 1.7 minutes under TCG: make test-cluster only
 def test_kill_9_of_the_head_then_clean_leaves_nothing_on_either_machine(lane) -> None:
     pid = lane.sh(f"nohup fabriclab run ecmp-basic --cluster {CLUSTER} "
                   "--policy hash5 --duration 120 --out /root/killed > /root/killed.log 2>&1 "

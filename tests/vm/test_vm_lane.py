@@ -335,6 +335,7 @@ def test_vm_run_passes_exit_status_summary_and_progress(vm_image, tmp_path):
     assert "booting" not in bad.stdout
 
 
+@pytest.mark.vm_full      # a VM boot for one exit status: make test-vm only
 def test_a_failing_command_passes_its_exit_status(vm_image):
     r = fabriclab("vm", "exec", "--", "sh", "-c", "echo from-the-guest; exit 7", check=False)
     assert r.returncode == 7 and "from-the-guest" in r.stdout
