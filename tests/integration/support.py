@@ -159,16 +159,6 @@ def retry_while_busy(attempt: Callable[[], R], busy: Callable[[R], bool],
         time.sleep(pause_s)
 
 
-def run_in_turn(out: Path, scenario: str, *args: str, timeout: float = 600) -> Path:
-    """`fabriclab run SCENARIO ARGS --out OUT`, tried again while another run holds the lab."""
-    r = retry_while_busy(
-        lambda: fabriclab("run", scenario, *args, "--out", str(out), check=False,
-                          timeout=timeout),
-        lambda r: r.returncode != 0 and BUSY in r.stderr)
-    assert r.returncode == 0, r.stderr
-    return out
-
-
 def run_result(tmp_path: Path, *args: str) -> dict:
     """`fabriclab run ecmp-basic ARGS --out TMP` and its result.json."""
     return run_scenario(tmp_path, "ecmp-basic", *args)

@@ -17,7 +17,7 @@ import pytest
 
 from controllers.marking import tcp_wire_ceiling_bps
 from lab.model.result import validate
-from tests.integration.support import check_links_agree_with_flows, phase, run_to
+from tests.integration.support import check_links_agree_with_flows, phase, result_of, run_to
 
 #: On an uncongested fabric the measured ring time is within 25 % of 2(N−1)/N·S/B.
 IDEAL_TOL = 0.25
@@ -28,8 +28,8 @@ def run(tmp_path_factory, scenario: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def ecmp(tmp_path_factory) -> dict:
-    return run(tmp_path_factory, "allreduce-ecmp")
+def ecmp(shared_run) -> dict:
+    return result_of(shared_run("allreduce-ecmp"))
 
 
 @pytest.fixture(scope="module")

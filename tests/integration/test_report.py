@@ -19,19 +19,20 @@ import pytest
 from PIL import Image
 
 from lab.report import compare_rows, load_result, write_compare, write_report
-from tests.integration.support import fabriclab, run_in_turn
+from tests.integration.support import fabriclab
 
 CHROMIUM = shutil.which("chromium-headless-shell")
 
 
-def run_ecmp(out: Path, policy: str) -> Path:
-    """`fabriclab run ecmp-basic` for 3 s; waits its turn while another run holds the lab."""
-    return run_in_turn(out, "ecmp-basic", "--policy", policy, "--duration", "3", timeout=300)
+#: The run of ``ecmp-basic`` the report modules share (``shared_run``).
+ECMP_RUN = ("ecmp-basic", "--policy", "hash5", "--duration", "3")
+#: The run they compare it with.
+L3_RUN = ("ecmp-basic", "--policy", "hash-l3", "--duration", "3")
 
 
 @pytest.fixture(scope="module")
-def hash5_run(tmp_path_factory) -> Path:
-    return run_ecmp(tmp_path_factory.mktemp("report") / "hash5", "hash5")
+def hash5_run(shared_run) -> Path:
+    return shared_run(*ECMP_RUN)
 
 
 def render(page: Path, tmp: Path) -> tuple[Image.Image, str]:
@@ -136,8 +137,8 @@ def test_report_of_a_real_run(hash5_run, tmp_path):
     print(f"report: {len(plots)} plots in {made_s:.2f} s; skipped {index['skipped']}")
 
 
-def test_compare_two_policies(hash5_run, tmp_path):
-    l3_run = run_ecmp(tmp_path / "hash-l3", "hash-l3")
+def test_compare_two_policies(hash5_run, shared_run, tmp_path):
+    l3_run = shared_run(*L3_RUN)
     before = [files_of(hash5_run), files_of(l3_run)]
     t0 = time.monotonic()
     page = write_compare(hash5_run, l3_run, tmp_path / "cmp")

@@ -18,12 +18,13 @@ import pytest
 
 from lab.plotting.plots import UTIL_LABEL
 from lab.report import load_result, write_compare, write_report
-from tests.integration.support import fabriclab, run_in_turn
+from tests.integration.support import fabriclab
 from tests.integration.test_report import (
+    ECMP_RUN,
+    L3_RUN,
     assert_not_blank,
     assert_self_contained,
     render,
-    run_ecmp,
 )
 
 #: The phases each kind's map is drawn for ("" is an unphased run).
@@ -32,24 +33,20 @@ PHASES = {"ecmp": [""], "collective": ["hashed", "placed"],
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("weathermap")
+def ecmp(shared_run) -> Path:
+    return shared_run(*ECMP_RUN)
 
 
 @pytest.fixture(scope="module")
-def ecmp(base) -> Path:
-    return run_ecmp(base / "ecmp", "hash5")
+def collective(shared_run) -> Path:
+    return shared_run("allreduce-ecmp")
 
 
 @pytest.fixture(scope="module")
-def collective(base) -> Path:
-    return run_in_turn(base / "allreduce", "allreduce-ecmp")
-
-
-@pytest.fixture(scope="module")
-def streaming(base) -> Path:
-    return run_in_turn(base / "stream", "streaming-incident",
-                        "--set", "phases=before-upgrade,incident")
+def streaming(shared_run) -> Path:
+    """Two of the incident's phases: the page with the tallest maps, still rendered whole
+    by one screenshot (the six phases' report is longer than it)."""
+    return shared_run("streaming-incident", "--set", "phases=before-upgrade,incident")
 
 
 def section_links(result: dict, phase: str) -> list[dict]:
@@ -143,8 +140,8 @@ def test_old_result_gets_its_weathermap(ecmp, tmp_path):
     assert_hottest(caption, hottest_by_counters(load_result(old), ""))
 
 
-def test_compare_draws_both_maps_on_one_scale(ecmp, tmp_path):
-    other = run_ecmp(tmp_path / "hash-l3", "hash-l3")
+def test_compare_draws_both_maps_on_one_scale(ecmp, shared_run, tmp_path):
+    other = shared_run(*L3_RUN)
     page = write_compare(ecmp, other, tmp_path / "cmp")
     text = page.read_text()
     assert text.count("id='plot-weathermap'") == 2
