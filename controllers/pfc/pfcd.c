@@ -54,6 +54,7 @@ static struct config g_cfg;
 static const char *g_cfg_path;
 static char g_buf[NL_BUF] __attribute__((aligned(8)));
 static uint64_t g_polls, g_late, g_poll_errors, g_missing;
+static int64_t g_max_late_ns;
 static struct samples g_poll_ns;
 
 static int64_t now_ns(void)
@@ -612,25 +613,21 @@ static void on_qdisc(struct nlmsghdr *nh, void *arg)
     }
 }
 
-/* One htb class as a dump gives it. */
+/* One htb class as a dump gives it, and what the port's other leaf classes have sent
+ * (the priorities a pause must not stop). */
 struct class_info {
     int ifindex;
     uint32_t classid;
     bool found, have_opt;
     struct tc_htb_opt opt;
-    uint64_t bytes, packets;
+    uint64_t bytes, packets, other_bytes;
     int32_t tokens, ctokens;
     bool have_xstats;
 };
 
-static void on_class(struct nlmsghdr *nh, void *arg)
+static void parse_class(struct nlmsghdr *nh, struct class_info *ci)
 {
-    struct class_info *ci = arg;
     struct tcmsg *tc = NLMSG_DATA(nh);
-    if (nh->nlmsg_type != RTM_NEWTCLASS || tc->tcm_ifindex != ci->ifindex ||
-        tc->tcm_handle != ci->classid)
-        return;
-    ci->found = true;
     int len = (int)(nh->nlmsg_len - NLMSG_LENGTH(sizeof *tc));
     for (struct rtattr *a = (struct rtattr *)((char *)tc + NLMSG_ALIGN(sizeof *tc));
          RTA_OK(a, len); a = RTA_NEXT(a, len)) {
@@ -661,6 +658,27 @@ static void on_class(struct nlmsghdr *nh, void *arg)
             }
         }
     }
+}
+
+static void on_class(struct nlmsghdr *nh, void *arg)
+{
+    struct class_info *ci = arg, one;
+    struct tcmsg *tc = NLMSG_DATA(nh);
+    if (nh->nlmsg_type != RTM_NEWTCLASS || tc->tcm_ifindex != ci->ifindex)
+        return;
+    memset(&one, 0, sizeof one);
+    parse_class(nh, &one);
+    if (tc->tcm_handle != ci->classid) {
+        /* Inner classes (1:1) count their children's bytes again: leaves only. */
+        if (one.have_opt && one.opt.level == 0)
+            ci->other_bytes += one.bytes;
+        return;
+    }
+    one.other_bytes = ci->other_bytes;
+    one.ifindex = ci->ifindex;
+    one.classid = ci->classid;
+    one.found = true;
+    *ci = one;
 }
 
 static int read_class(struct feeder *f, struct class_info *ci)
@@ -777,6 +795,7 @@ static void snapshot_feeder(struct feeder *f)
         return;
     f->bytes_at_pause = ci.bytes;
     f->packets_at_pause = ci.packets;
+    f->other_at_pause = ci.other_bytes;
     f->have_snapshot = true;
 }
 
@@ -791,6 +810,8 @@ static void resume_feeder(struct feeder *f, int64_t t_poll, struct samples *reac
         if (f->have_snapshot && ci.bytes >= f->bytes_at_pause) {
             pc->leak_bytes += ci.bytes - f->bytes_at_pause;
             pc->leak_packets += ci.packets - f->packets_at_pause;
+            if (ci.other_bytes >= f->other_at_pause)
+                pc->other_bytes_paused += ci.other_bytes - f->other_at_pause;
         }
         if (ci.have_xstats) {
             int32_t t = ci.tokens < ci.ctokens ? ci.tokens : ci.ctokens;
@@ -863,9 +884,14 @@ static void evaluate(struct watched *q, int64_t t_poll)
     if (q->backlog > pc->max_backlog)
         pc->max_backlog = q->backlog;
     if (!pc->drops_seen) {
-        pc->drops_first = q->drops;
+        pc->drops_first = pc->drops_last = q->drops;
         pc->drops_seen = true;
     }
+    uint32_t dropped = q->drops - pc->drops_last;
+    if (q->in_xoff)
+        pc->drops_in_xoff += dropped;
+    else
+        pc->drops_out_of_xoff += dropped;
     pc->drops_last = q->drops;
     if (!q->in_xoff && q->backlog >= q->xoff)
         on_xoff(q, t_poll);
@@ -912,6 +938,11 @@ static void run_loop(void)
 {
     int64_t period = (int64_t)g_cfg.poll_us * 1000, next = now_ns();
     while (!g_stop) {
+        /* How late this poll starts against its slot: the time a crossing of XOFF can go
+         * unseen is the interval plus this. */
+        int64_t late = now_ns() - next;
+        if (late > g_max_late_ns)
+            g_max_late_ns = late;
         poll_once();
         next += period;
         int64_t now = now_ns();
@@ -1019,12 +1050,16 @@ static void write_prio(FILE *fp, struct pcounters *pc)
             (unsigned long long)pc->pauses, (unsigned long long)pc->max_backlog);
     if (pc->watched)
         fprintf(fp, "\"xoff_bytes\": %llu, \"xon_bytes\": %llu, \"headroom_used_bytes\": %llu, "
-                "\"drops\": %llu, ", (unsigned long long)pc->xoff,
-                (unsigned long long)pc->xon, (unsigned long long)above,
-                (unsigned long long)(uint32_t)(pc->drops_last - pc->drops_first));
+                "\"drops\": %llu, \"drops_in_xoff\": %llu, \"drops_out_of_xoff\": %llu, ",
+                (unsigned long long)pc->xoff, (unsigned long long)pc->xon,
+                (unsigned long long)above,
+                (unsigned long long)(uint32_t)(pc->drops_last - pc->drops_first),
+                (unsigned long long)pc->drops_in_xoff,
+                (unsigned long long)pc->drops_out_of_xoff);
     fprintf(fp, "\"leak_bytes\": %llu, \"leak_packets\": %llu, \"max_debt_ns\": %lld, "
-            "\"change_errors\": %llu, ", (unsigned long long)pc->leak_bytes,
-            (unsigned long long)pc->leak_packets, (long long)pc->max_debt_ns,
+            "\"other_bytes_while_paused\": %llu, \"change_errors\": %llu, ",
+            (unsigned long long)pc->leak_bytes, (unsigned long long)pc->leak_packets,
+            (long long)pc->max_debt_ns, (unsigned long long)pc->other_bytes_paused,
             (unsigned long long)pc->change_errors);
     write_samples(fp, "pause_reaction_ns", &pc->pause_reaction);
     fputs(", ", fp);
@@ -1045,10 +1080,12 @@ static int write_report(const char *path, int64_t run_ns, struct rusage *r0, str
                  (double)(r1->ru_stime.tv_usec - r0->ru_stime.tv_usec) / 1e6;
     double secs = (double)run_ns / 1e9;
     fprintf(fp, "{\"poll_us\": %u, \"refresh_us\": %u, \"run_s\": %.3f, \"polls\": %llu, "
-            "\"late_polls\": %llu, \"poll_errors\": %llu, \"missing_leaf\": %llu, "
+            "\"late_polls\": %llu, \"max_late_ns\": %lld, \"poll_errors\": %llu, "
+            "\"missing_leaf\": %llu, "
             "\"cpu\": {\"user_s\": %.4f, \"sys_s\": %.4f, \"per_s\": %.5f}, ",
             g_cfg.poll_us, g_cfg.refresh_us, secs, (unsigned long long)g_polls,
-            (unsigned long long)g_late, (unsigned long long)g_poll_errors,
+            (unsigned long long)g_late, (long long)g_max_late_ns,
+            (unsigned long long)g_poll_errors,
             (unsigned long long)g_missing, user, sys, secs > 0 ? (user + sys) / secs : 0.0);
     write_samples(fp, "poll_ns", &g_poll_ns);
     fputs(", \"ports\": [", fp);

@@ -50,9 +50,15 @@ struct pcounters {
     uint64_t max_backlog;    /* largest backlog a poll saw, bytes */
     uint64_t xoff, xon;      /* thresholds, for the report */
     uint32_t drops_first, drops_last;
+    /* drops seen at polls in XOFF and outside it: outside means the queue went from below
+     * XOFF to full between two polls (a burst the poll interval cannot see) */
+    uint64_t drops_in_xoff, drops_out_of_xoff;
     bool drops_seen;
     uint64_t leak_bytes;     /* sent by the class between pause ACK and resume */
     uint64_t leak_packets;
+    /* what the port's other priorities sent while this one was paused: PFC stops one
+     * priority, and this shows the others kept going */
+    uint64_t other_bytes_paused;
     int64_t max_debt_ns;     /* htb tokens owed just before a resume */
     uint64_t change_errors;
     struct samples pause_reaction;   /* poll that saw XOFF -> ACK of the pause */
@@ -83,7 +89,7 @@ struct feeder {
     int refs;                /* watched queues in XOFF that feed through this class */
     bool paused;
     int64_t paused_at;       /* ns, ACK of the pause */
-    uint64_t bytes_at_pause, packets_at_pause;
+    uint64_t bytes_at_pause, packets_at_pause, other_at_pause;
     bool have_snapshot;
 };
 
