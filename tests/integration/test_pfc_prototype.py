@@ -188,14 +188,13 @@ class Rig:
         htb classes): rate (bit/s), bytes, packets, tokens and ctokens (64 ns ticks)."""
         out = self.ns(port.ns, "tc", "-s", "class", "show", "dev", port.dev).stdout
         for block in ("\n" + out).split("\nclass ")[1:]:
-            words = block.replace(":", " : ").split()
-            if "".join(words[1:4]) != classid:
+            words = block.split()     # htb 1:10 parent 1:1 ... Sent B bytes P pkt ... tokens: T
+            if words[1] != classid:
                 continue
-            value = {w: words[i + 1] for i, w in enumerate(words[:-1])}
-            return {"rate": _tc_rate(value["rate"]), "bytes": int(value["Sent"]),
-                    "packets": int(value["bytes"]), "tokens": int(words[
-                        words.index("tokens") + 2]),
-                    "ctokens": int(words[words.index("ctokens") + 2])}
+            after = {w.rstrip(":"): words[i + 1] for i, w in enumerate(words[:-1])}
+            return {"rate": _tc_rate(after["rate"]), "bytes": int(after["Sent"]),
+                    "packets": int(after["bytes"]), "tokens": int(after["tokens"]),
+                    "ctokens": int(after["ctokens"])}
         raise KeyError(f"{port.dev}: no class {classid}")
 
 
