@@ -17,14 +17,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from controllers import ecn
 from lab.machine.environment import qdisc_available
-from lab.net.links import TSO_LIMIT, tc_commands
+from lab.net.links import tc_commands
 from lab.net.wire import Qdisc, count_wire_bytes
+from tests.integration.nsrig import NsRig
 
 RATE_MBIT = 50
 QUEUE_BYTES = 150_000
@@ -34,7 +36,8 @@ RUN_S = 4
 SAMPLE_S = 0.1
 
 
-class Rig:
+@dataclass
+class Rig(NsRig):
     """Sender A, switch S, receiver B: three namespaces of ours; removes exactly those.
 
     The shaped port is S's veth towards B, so the queue sits on a forwarding hop as on
@@ -42,76 +45,40 @@ class Rig:
     is reported back to TCP, which sends the segment again without a retransmit.)
     """
 
-    def __init__(self) -> None:
-        tag = os.getpid()
-        self.ns_a, self.ns_s, self.ns_b = (f"ecnt-{tag}-{x}" for x in "asb")
-        self.if_a, self.if_sa, self.if_sb, self.if_b = (f"ecnt{tag}{x}"
-                                                        for x in ("a", "sa", "sb", "b"))
-        self.ip_b = "10.77.2.2"
-        self.namespaces: list[str] = []
-        self.procs: list[subprocess.Popen] = []
-        self.sleeper: subprocess.Popen | None = None
+    links: list[tuple[str, str]] = field(default_factory=lambda: [("a", "s"), ("s", "b")])
+    routes: list[tuple[str, str, str]] = field(default_factory=lambda: [
+        ("a", "default", "10.77.1.2"), ("b", "default", "10.77.2.1")])
+    family: str = "ecnt"
+    subnet: str = "10.77"
+    # nodes and ports by their roles: sender A, switch S (the shaped port towards B), B
+    ns_a, ns_s, ns_b = "a", "s", "b"
 
-    def ns(self, name: str, *argv: str, check: bool = True,
-           timeout: float = 20) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run(["nsenter", f"--net=/run/netns/{name}", *argv],
-                           capture_output=True, text=True, timeout=timeout)
-        if check and r.returncode != 0:
-            raise RuntimeError(f"{name}: {' '.join(argv)}: {r.stderr.strip()}")
-        return r
+    @property
+    def if_sb(self) -> str:
+        return self.dev("s", "b")
 
-    def spawn(self, name: str, *argv: str, **kw: object) -> subprocess.Popen:
-        """Start a process in a namespace; nsenter execs it, so the PID is the tool's."""
-        p = subprocess.Popen(["nsenter", f"--net=/run/netns/{name}", *argv], **kw)
-        self.procs.append(p)
-        return p
+    @property
+    def if_b(self) -> str:
+        return self.dev("b", "s")
+
+    @property
+    def ip_b(self) -> str:
+        return self.addr("b", "s")
 
     def start(self) -> None:
-        for name in (self.ns_a, self.ns_s, self.ns_b):
-            subprocess.run(["ip", "netns", "add", name], check=True)
-            self.namespaces.append(name)
-            self.ns(name, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1")
-            self.ns(name, "ip", "link", "set", "lo", "up")
-        for (ns1, if1), (ns2, if2) in (((self.ns_a, self.if_a), (self.ns_s, self.if_sa)),
-                                       ((self.ns_s, self.if_sb), (self.ns_b, self.if_b))):
-            subprocess.run(["ip", "link", "add", if1, "netns", ns1, "type", "veth",
-                            "peer", "name", if2, "netns", ns2], check=True)
-        for name, intf, addr in ((self.ns_a, self.if_a, "10.77.1.1/24"),
-                                 (self.ns_s, self.if_sa, "10.77.1.254/24"),
-                                 (self.ns_s, self.if_sb, "10.77.2.254/24"),
-                                 (self.ns_b, self.if_b, f"{self.ip_b}/24")):
-            self.ns(name, "ip", "addr", "add", addr, "dev", intf)
-            self.ns(name, "ip", "link", "set", intf, *TSO_LIMIT.split(), "up")
-        self.ns(self.ns_a, "ip", "route", "add", "default", "via", "10.77.1.254")
-        self.ns(self.ns_b, "ip", "route", "add", "default", "via", "10.77.2.254")
-        self.ns(self.ns_s, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+        super().start()
         for name in (self.ns_a, self.ns_b):
             self.ns(name, "sysctl", "-q", "-w", "net.ipv4.tcp_ecn=1")
-        self.sleeper = self.spawn(self.ns_s, "sleep", "600")
         # the lab's port layout, as lab/net/links.py gives every port
         for cmd in tc_commands(self.if_sb, RATE_MBIT, QUEUE_BYTES):
             self.ns(self.ns_s, *cmd.split())
-        count_wire_bytes(self.sleeper.pid, [Qdisc(self.if_sb)])
+        count_wire_bytes(self.sleepers["s"], [Qdisc(self.if_sb)])
         self.spawn(self.ns_b, "iperf3", "-s", "-B", self.ip_b, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while "5201" not in self.ns(self.ns_b, "ss", "-Hltn").stdout:
             assert time.monotonic() < deadline, "iperf3 server did not start"
             time.sleep(0.05)
-
-    def close(self) -> None:
-        try:
-            for p in self.procs:
-                if p.poll() is None:
-                    os.kill(p.pid, signal.SIGKILL)
-            for p in self.procs:
-                p.wait(timeout=10)
-        finally:  # deleting a namespace deletes its veth ends
-            for name in self.namespaces:
-                subprocess.run(["ip", "netns", "del", name], check=False)
-        left = set(subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                  text=True).stdout.split())
-        assert not left & set(self.namespaces), f"namespaces left behind: {self.namespaces}"
 
     @property
     def port(self) -> ecn.PortQueue:
@@ -166,7 +133,7 @@ def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def marker(rig: Rig, build_dir: Path) -> Iterator[ecn.Marker]:
-    m = ecn.make_marker("tc-bpf", build_dir, netns_pid=rig.sleeper.pid)
+    m = ecn.make_marker("tc-bpf", build_dir, netns_pid=rig.sleepers["s"])
     try:
         yield m
     finally:
@@ -292,7 +259,7 @@ def test_red_where_the_kernel_has_none_fails_and_keeps_the_bfifo(rig: Rig,
                                                                  build_dir: Path) -> None:
     """The RED marker's delete + add, for real: where the add fails the bfifo comes back.
     (Where the kernel has RED this checks the other way: marking on, counters, off.)"""
-    red = ecn.make_marker("red", build_dir, netns_pid=rig.sleeper.pid)
+    red = ecn.make_marker("red", build_dir, netns_pid=rig.sleepers["s"])
     try:
         if qdisc_available("red limit 400000 min 30000 max 90000 avpkt 1500 burst 55 "
                            "probability 0.1 bandwidth 100mbit ecn"):

@@ -18,15 +18,15 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from controllers.marking import WIRE_FRAME_BYTES, htb_class_args
 from lab.machine import cbuild
-from lab.net.links import TSO_LIMIT
 from lab.net.wire import Qdisc, count_wire_bytes
+from tests.integration.nsrig import NsRig
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "controllers" / "pfc" / "pfcd.c"
@@ -64,72 +64,12 @@ class Port:
 
 
 @dataclass
-class Rig:
-    """Namespaces of our own joined by veths; removes exactly those and kills by PID.
+class Rig(NsRig):
+    """A rig of this test's (``nsrig.NsRig``, subnet 10.79) with the lab's traffic classes
+    on its data ports, and what the tests read of them."""
 
-    ``links`` are (x, y) pairs of short node names; link i (from 1) is 10.79.i.0/24 with x
-    at .1 and y at .2; x's device is ``pf<pid><prefix><x><y>`` (at most 15 characters with
-    2-character prefixes and nodes). ``routes`` are (node, prefix, via).
-    """
-
-    links: list[tuple[str, str]]
-    routes: list[tuple[str, str, str]]
-    prefix: str                 # tells this test's rigs apart: "h1", "h2", ...
-    tag: int = field(default_factory=os.getpid)
-    namespaces: list[str] = field(default_factory=list)
-    procs: list[subprocess.Popen] = field(default_factory=list)
-    sleepers: dict[str, int] = field(default_factory=dict)
-
-    def name(self, node: str) -> str:
-        return f"pfct-{self.tag}-{self.prefix}{node}"
-
-    def dev(self, node: str, peer: str) -> str:
-        return f"pf{self.tag}{self.prefix}{node}{peer}"
-
-    def addr(self, node: str, peer: str) -> str:
-        for i, (x, y) in enumerate(self.links, start=1):
-            if (x, y) == (node, peer):
-                return f"10.79.{i}.1"
-            if (y, x) == (node, peer):
-                return f"10.79.{i}.2"
-        raise KeyError((node, peer))
-
-    def ns(self, node: str, *argv: str, check: bool = True,
-           timeout: float = 20) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run(["nsenter", f"--net=/run/netns/{self.name(node)}", *argv],
-                           capture_output=True, text=True, timeout=timeout)
-        if check and r.returncode != 0:
-            raise RuntimeError(f"{node}: {' '.join(argv)}: {r.stderr.strip()}")
-        return r
-
-    def spawn(self, node: str | None, *argv: str, **kw: object) -> subprocess.Popen:
-        """A process in ``node``'s namespace (ours for None); nsenter execs it, so the PID
-        is the tool's and killing it by PID kills the tool."""
-        pre = ["nsenter", f"--net=/run/netns/{self.name(node)}"] if node else []
-        p = subprocess.Popen([*pre, *argv], **kw)
-        self.procs.append(p)
-        return p
-
-    def start(self) -> None:
-        nodes = sorted({n for pair in self.links for n in pair})
-        for node in nodes:
-            subprocess.run(["ip", "netns", "add", self.name(node)], check=True)
-            self.namespaces.append(self.name(node))
-            self.ns(node, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1")
-            self.ns(node, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
-            self.ns(node, "ip", "link", "set", "lo", "up")
-            self.sleepers[node] = self.spawn(node, "sleep", "600").pid
-        for i, (x, y) in enumerate(self.links, start=1):
-            subprocess.run(["ip", "link", "add", self.dev(x, y), "netns", self.name(x),
-                            "type", "veth", "peer", "name", self.dev(y, x), "netns",
-                            self.name(y)], check=True)
-            for node, peer, host in ((x, y, 1), (y, x, 2)):
-                self.ns(node, "ip", "addr", "add", f"10.79.{i}.{host}/24", "dev",
-                        self.dev(node, peer))
-                self.ns(node, "ip", "link", "set", self.dev(node, peer),
-                        *TSO_LIMIT.split(), "up")
-        for node, prefix, via in self.routes:
-            self.ns(node, "ip", "route", "add", prefix, "via", via)
+    family: str = "pfct"
+    subnet: str = "10.79"
 
     def shape(self, port: Port) -> None:
         """Traffic classes on an egress port, as the module doc says, counted in wire
@@ -152,34 +92,19 @@ class Rig:
             self.ns(node, "tc", *cmd.split())
         count_wire_bytes(self.sleepers[node], [Qdisc(dev)])
 
-    def close(self) -> None:
-        try:
-            for p in self.procs:
-                if p.poll() is None:
-                    os.kill(p.pid, signal.SIGKILL)
-            for p in self.procs:
-                p.wait(timeout=10)
-        finally:  # deleting a namespace deletes its veth ends
-            for name in self.namespaces:
-                subprocess.run(["ip", "netns", "del", name], check=False)
-        left = set(subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                  text=True).stdout.split())
-        assert not left & set(self.namespaces), f"namespaces left behind: {self.namespaces}"
-
-    def tc_json(self, port: Port, what: str) -> list[dict]:
-        out = self.ns(port.ns, "tc", "-s", "-j", what, "show", "dev", port.dev).stdout
-        return json.loads(out)
+    def port_json(self, port: Port, what: str) -> list[dict]:
+        return self.tc_json(port.ns, port.dev, what)
 
     def queue_drops(self, port: Port, handle: str = "10:") -> int:
         """Packets the port's leaf ``handle`` dropped, as ``tc -s qdisc`` counts them."""
-        return next(q["drops"] for q in self.tc_json(port, "qdisc") if q["handle"] == handle)
+        return next(q["drops"] for q in self.port_json(port, "qdisc") if q["handle"] == handle)
 
     def drain(self, ports: list[Port], timeout: float = 10) -> None:
         """Wait until every port's queues are empty. When the senders stop, the hosts'
         paused lossless queues still hold what PFC held back; stopping the engine before
         they are sent would let them flood the switch unpaused."""
         deadline = time.monotonic() + timeout
-        while any(q["backlog"] for p in ports for q in self.tc_json(p, "qdisc")):
+        while any(q["backlog"] for p in ports for q in self.port_json(p, "qdisc")):
             assert time.monotonic() < deadline, "queues did not drain"
             time.sleep(0.02)
 
