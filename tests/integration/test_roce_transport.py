@@ -328,7 +328,7 @@ def test_random_loss_is_recovered_by_go_back_n(rig: Rig, clean_run: dict,
     accepted once, and goodput falls below the clean run's."""
     table = f"rce_loss_{os.getpid()}"
     rig.nft(f"""table ip {table} {{
-        chain fwd {{
+        chain loss {{
             type filter hook forward priority 0; policy accept;
             ip daddr {rig.ip_b} udp dport 4791 numgen random mod 100 < 1 counter drop
             ip daddr {rig.ip_a} udp dport 4791 numgen random mod 100 < 1 counter drop

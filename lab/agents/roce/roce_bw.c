@@ -48,7 +48,7 @@ struct opts {
 	uint64_t size, iters;
 	double duration_s;
 	uint32_t tx_depth, mtu, dscp, ack_every, retry_cnt, burst_pkts, start_psn;
-	double rate_mbps, rto_ms, drain_s;
+	double rate_mbps, rto_ms, drain_s, wake_us;
 	int cc_dcqcn;
 	uint16_t src_port;
 };
@@ -90,6 +90,7 @@ struct app {
 	uint8_t (*rxbuf)[BUF_LEN];
 	uint8_t rxctl[BATCH][128];
 	uint64_t t0, t_last_completion;
+	uint64_t wake_ns, last_send_ns;  /* the pacer's shortest sleep, and its last send */
 };
 
 static volatile sig_atomic_t stop_signal;
@@ -114,7 +115,7 @@ static void usage(FILE *f)
 		"               (--iters N | --duration S) [--tx-depth D] [--mtu M]\n"
 		"               [--rate-mbps R] [--cc dcqcn|none] [--dscp D] [--src-port P]\n"
 		"               [--ack-every N] [--rto-ms MS] [--retry-cnt N] [--burst PKTS]\n"
-		"               [--psn START] [--drain-s S]\n");
+		"               [--psn START] [--drain-s S] [--wake-us US]\n");
 }
 
 /* A bad option: one line naming it, exit 2 (as argparse does). */
@@ -160,11 +161,12 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 		{"src-port", required_argument, 0, 'p'}, {"ack-every", required_argument, 0, 'a'},
 		{"rto-ms", required_argument, 0, 'R'}, {"retry-cnt", required_argument, 0, 'y'},
 		{"burst", required_argument, 0, 'b'}, {"psn", required_argument, 0, 'P'},
-		{"drain-s", required_argument, 0, 'x'}, {"help", no_argument, 0, 'h'},
+		{"drain-s", required_argument, 0, 'x'}, {"wake-us", required_argument, 0, 'w'},
+		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	*o = (struct opts){.qps = 1, .size = 65536, .tx_depth = 16, .mtu = 1024, .dscp = 26,
 			   .ack_every = 64, .retry_cnt = 7, .burst_pkts = 4, .rate_mbps = 100,
-			   .rto_ms = 4, .drain_s = -1, .cc_dcqcn = 1};
+			   .rto_ms = 4, .drain_s = -1, .wake_us = 100, .cc_dcqcn = 1};
 	opterr = 0;
 	int c, idx;
 	while ((c = getopt_long(argc, argv, "", longs, &idx)) != -1) {
@@ -197,6 +199,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 		case 'b': o->burst_pkts = (uint32_t)int_opt("burst", optarg, 1, BATCH); break;
 		case 'P': o->start_psn = (uint32_t)int_opt("psn", optarg, 0, ROCE_PSN_MASK); break;
 		case 'x': o->drain_s = num_opt("drain-s", optarg, 0, 3600); break;
+		case 'w': o->wake_us = num_opt("wake-us", optarg, 0, 100000); break;
 		case 'h': usage(stdout); exit(0);
 		default: {
 			const char *arg = argv[optind - 1];
@@ -470,14 +473,19 @@ static void send_ready(struct app *a, uint64_t now)
 				  (uint8_t)(a->o.dscp << 2 | ROCE_ECN_ECT0), &h, payload);
 			/* The next QP goes first next time, even when the port stops us here. */
 			a->rr = (i + 1) % a->nreq;
+			a->last_send_ns = now;
 			progress = 1;
 		}
 	}
 }
 
+/* When the loop must wake next: the first packet a pacer lets go, but not sooner than
+ * wake_ns after the last packet sent (the bucket keeps the tokens meanwhile, so the rate
+ * holds and packets leave in pairs or threes at high rates: a wake costs more CPU than a
+ * packet), and every QP's next timer. */
 static uint64_t next_wake(struct app *a, uint64_t now)
 {
-	uint64_t t = UINT64_MAX;
+	uint64_t send = UINT64_MAX, timers = UINT64_MAX;
 	for (int i = 0; i < a->nreq; i++) {
 		struct qp_requester *q = &a->req[i];
 		size_t len = qp_req_next_len(q);
@@ -486,14 +494,16 @@ static uint64_t next_wake(struct app *a, uint64_t now)
 			uint64_t p = pacer_ready_at(&a->port, (double)(len + ROCE_ETH_OVERHEAD), now);
 			if (p > r)
 				r = p;
-			if (r < t)
-				t = r;
+			if (r < send)
+				send = r;
 		}
 		uint64_t timer = qp_req_next_timer(q);
-		if (timer < t)
-			t = timer;
+		if (timer < timers)
+			timers = timer;
 	}
-	return t;
+	if (send != UINT64_MAX && send < a->last_send_ns + a->wake_ns)
+		send = a->last_send_ns + a->wake_ns;
+	return send < timers ? send : timers;
 }
 
 static void start_client(struct app *a, uint64_t now)
@@ -547,10 +557,10 @@ static int run(struct app *a)
 	sigdelset(&during, SIGTERM);
 	const char *error = NULL;
 	char why[256];
-	struct pollfd pfd = {.fd = a->rx, .events = POLLIN};
+	struct pollfd pfd = {.fd = a->rx, .events = POLLIN, .revents = POLLIN};
 	for (;;) {
-		now = now_ns();
-		receive(a);
+		if (pfd.revents)  /* a timer's wake need not ask the socket (a system call) */
+			receive(a);
 		now = now_ns();
 		for (int i = 0; i < a->nreq; i++) {
 			uint64_t before = a->req[i].n.messages_completed;
@@ -597,6 +607,7 @@ static int run(struct app *a)
 			dt = 100000000ull;
 		struct timespec ts = {.tv_sec = (time_t)(dt / 1000000000ull),
 				      .tv_nsec = (long)(dt % 1000000000ull)};
+		pfd.revents = 0;
 		if (ppoll(&pfd, 1, &ts, &during) < 0 && errno != EINTR)
 			die("ppoll");
 	}
@@ -717,10 +728,11 @@ static void json_client(FILE *f, struct app *a, double elapsed)
 	fprintf(f, "  \"config\": {\"qps\": %d, \"size\": %llu, \"iters\": %llu, "
 		"\"duration_s\": %g, \"tx_depth\": %u, \"mtu\": %u, \"rate_mbps\": %g, "
 		"\"cc\": \"%s\", \"dscp\": %u, \"ack_every\": %u, \"rto_ms\": %g, "
-		"\"retry_cnt\": %u, \"burst_pkts\": %u, \"start_psn\": %u},\n",
+		"\"retry_cnt\": %u, \"burst_pkts\": %u, \"start_psn\": %u, \"wake_us\": %.3f},\n",
 		o->qps, (unsigned long long)o->size, (unsigned long long)o->iters, o->duration_s,
 		o->tx_depth, o->mtu, o->rate_mbps, o->cc_dcqcn ? "dcqcn" : "none", o->dscp,
-		o->ack_every, o->rto_ms, o->retry_cnt, o->burst_pkts, o->start_psn);
+		o->ack_every, o->rto_ms, o->retry_cnt, o->burst_pkts, o->start_psn,
+		(double)a->wake_ns / 1e3);
 	struct qp_req_counters t = {0};
 	for (int i = 0; i < a->nreq; i++) {
 		const struct qp_req_counters *n = &a->req[i].n;
@@ -848,6 +860,11 @@ int main(int argc, char **argv)
 	double full = ROCE_IPV4_LEN + ROCE_UDP_LEN + ROCE_BTH_LEN + ROCE_RETH_LEN + a->o.mtu +
 		      ROCE_ICRC_LEN + ROCE_ETH_OVERHEAD;
 	pacer_init(&a->port, a->o.rate_mbps * 1e6, a->o.burst_pkts * full, now_ns());
+	/* The shortest sleep, at most what the bucket holds beyond one packet: longer, and
+	 * tokens would overflow the bucket while we sleep and the rate would fall. */
+	double most_ns = (a->o.burst_pkts - 1) * full * 8e9 / (a->o.rate_mbps * 1e6);
+	double wake_ns = a->o.wake_us * 1e3;
+	a->wake_ns = (uint64_t)(wake_ns < most_ns ? wake_ns : most_ns);
 	open_sockets(a);
 	return run(a);
 }
