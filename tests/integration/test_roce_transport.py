@@ -20,13 +20,15 @@ import struct
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from lab.machine import cbuild
-from lab.net.links import TSO_LIMIT, tc_commands
+from lab.net.links import tc_commands
 from lab.net.wire import Qdisc, count_wire_bytes
+from tests.integration.nsrig import NsRig
 from tests.unit.test_roce_wire import icrc_by_zlib
 
 ROCE = Path(__file__).resolve().parents[2] / "lab" / "agents" / "roce"
@@ -49,72 +51,42 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root: network namespaces, tc, nftables")
 
 
-class Rig:
-    """Client A, switch S, server B: three namespaces of ours; removes exactly those."""
+@dataclass
+class Rig(NsRig):
+    """Client A, switch S, server B (``nsrig.NsRig``, subnet 10.78): S's port towards B is
+    the lab-shaped one."""
 
-    def __init__(self, program: Path) -> None:
-        tag = os.getpid()
-        self.program = program
-        self.ns_a, self.ns_s, self.ns_b = (f"rce-{tag}-{x}" for x in "asb")
-        self.if_a, self.if_sa, self.if_sb, self.if_b = (f"rce{tag}{x}"
-                                                        for x in ("a", "sa", "sb", "b"))
-        self.ip_a, self.ip_b = "10.78.1.1", "10.78.2.2"
-        self.namespaces: list[str] = []
-        self.procs: list[subprocess.Popen] = []
-        self.sleeper: subprocess.Popen | None = None
+    links: list[tuple[str, str]] = field(default_factory=lambda: [("a", "s"), ("s", "b")])
+    routes: list[tuple[str, str, str]] = field(default_factory=lambda: [
+        ("a", "default", "10.78.1.2"), ("b", "default", "10.78.2.1")])
+    family: str = "rce"
+    subnet: str = "10.78"
+    program: Path = Path()
+    # the nodes by their roles: client A, switch S, server B
+    ns_a, ns_s, ns_b = "a", "s", "b"
 
-    def ns(self, name: str, *argv: str, check: bool = True,
-           timeout: float = 20) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run(["nsenter", f"--net=/run/netns/{name}", *argv],
-                           capture_output=True, text=True, timeout=timeout)
-        if check and r.returncode != 0:
-            raise RuntimeError(f"{name}: {' '.join(argv)}: {r.stderr.strip()}")
-        return r
+    @property
+    def if_sa(self) -> str:
+        return self.dev("s", "a")
 
-    def spawn(self, name: str, *argv: str, **kw: object) -> subprocess.Popen:
-        """Start a process in a namespace; nsenter execs it, so the PID is the tool's."""
-        p = subprocess.Popen(["nsenter", f"--net=/run/netns/{name}", *argv], **kw)
-        self.procs.append(p)
-        return p
+    @property
+    def if_sb(self) -> str:
+        return self.dev("s", "b")
+
+    @property
+    def ip_a(self) -> str:
+        return self.addr("a", "s")
+
+    @property
+    def ip_b(self) -> str:
+        return self.addr("b", "s")
 
     def start(self) -> None:
-        for name in (self.ns_a, self.ns_s, self.ns_b):
-            subprocess.run(["ip", "netns", "add", name], check=True)
-            self.namespaces.append(name)
-            self.ns(name, "sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1")
-            self.ns(name, "ip", "link", "set", "lo", "up")
-        for (ns1, if1), (ns2, if2) in (((self.ns_a, self.if_a), (self.ns_s, self.if_sa)),
-                                       ((self.ns_s, self.if_sb), (self.ns_b, self.if_b))):
-            subprocess.run(["ip", "link", "add", if1, "netns", ns1, "type", "veth",
-                            "peer", "name", if2, "netns", ns2], check=True)
-        for name, intf, addr in ((self.ns_a, self.if_a, f"{self.ip_a}/24"),
-                                 (self.ns_s, self.if_sa, "10.78.1.254/24"),
-                                 (self.ns_s, self.if_sb, "10.78.2.254/24"),
-                                 (self.ns_b, self.if_b, f"{self.ip_b}/24")):
-            self.ns(name, "ip", "addr", "add", addr, "dev", intf)
-            self.ns(name, "ip", "link", "set", intf, *TSO_LIMIT.split(), "up")
-        self.ns(self.ns_a, "ip", "route", "add", "default", "via", "10.78.1.254")
-        self.ns(self.ns_b, "ip", "route", "add", "default", "via", "10.78.2.254")
-        self.ns(self.ns_s, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
-        self.sleeper = self.spawn(self.ns_s, "sleep", "600")
+        super().start()
         for cmd in tc_commands(self.if_sb, RATE_MBIT, QUEUE_BYTES):
             self.ns(self.ns_s, *cmd.split())
-        count_wire_bytes(self.sleeper.pid, [Qdisc(self.if_sb)])
+        count_wire_bytes(self.sleepers["s"], [Qdisc(self.if_sb)])
         self.ns(self.ns_a, "ping", "-c", "1", "-W", "2", self.ip_b)   # ARP settled
-
-    def close(self) -> None:
-        try:
-            for p in self.procs:
-                if p.poll() is None:
-                    os.kill(p.pid, signal.SIGKILL)
-            for p in self.procs:
-                p.wait(timeout=10)
-        finally:  # deleting a namespace deletes its veth ends and nftables tables
-            for name in self.namespaces:
-                subprocess.run(["ip", "netns", "del", name], check=False)
-        left = set(subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                  text=True).stdout.split())
-        assert not left & set(self.namespaces), f"namespaces left behind: {self.namespaces}"
 
     def port_counters(self) -> tuple[int, int]:
         """(bytes, packets) the shaped port towards B has sent, in wire bytes."""
@@ -124,7 +96,8 @@ class Rig:
 
     def nft(self, script: str) -> None:
         """Load an nftables script in S (one table of ours, removed by ``nft_delete``)."""
-        r = subprocess.run(["nsenter", f"--net=/run/netns/{self.ns_s}", "nft", "-f", "-"],
+        r = subprocess.run(["nsenter", f"--net=/run/netns/{self.name(self.ns_s)}", "nft",
+                            "-f", "-"],
                            input=script, capture_output=True, text=True, timeout=20)
         if r.returncode != 0:
             raise RuntimeError(f"nft: {r.stderr.strip()}")
@@ -228,7 +201,7 @@ def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def rig(program: Path) -> Iterator[Rig]:
-    r = Rig(program)
+    r = Rig(program=program)
     try:
         r.start()
         yield r
