@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from lab.machine import cbuild
+from tests.unit.cmirror import layout_mismatch
 
 ROCE = Path(__file__).resolve().parents[2] / "lab" / "agents" / "roce"
 MS = 1_000_000          # ns
@@ -61,9 +62,6 @@ class State(ctypes.Structure):
         ("cuts", ctypes.c_uint64),
     ]
 
-
-C_TYPES = {ctypes.c_double: "double", ctypes.c_uint64: "uint64_t",
-           ctypes.c_uint32: "uint32_t", ctypes.c_int: "int", Params: "struct dcqcn_params"}
 
 
 @pytest.fixture(scope="module")
@@ -143,25 +141,8 @@ def test_the_structs_are_laid_out_as_the_compiler_lays_them(tmp_path: Path) -> N
     """A mirror that drifts from dcqcn.h would read the wrong bytes silently: the compiler is
     asked each field's type (_Generic: a wrong name or type does not compile), offset and the
     structs' sizes."""
-    lines = ['#include <stddef.h>', '#include "dcqcn.h"']
-    offsets = []
-    for struct, mirror in (("dcqcn_params", Params), ("dcqcn_state", State)):
-        for name, ctype in mirror._fields_:
-            lines.append(f'_Static_assert(_Generic(((struct {struct} *)0)->{name}, '
-                         f'{C_TYPES[ctype]}: 1, default: 0), "{struct}.{name}");')
-            offsets.append(f"offsetof(struct {struct}, {name})")
-    lines.append(f"const size_t layout[] = {{ sizeof(struct dcqcn_params), "
-                 f"sizeof(struct dcqcn_state), {', '.join(offsets)} }};")
-    src = tmp_path / "layout.c"
-    src.write_text("\n".join(lines) + "\n")
-    so = cbuild.build("dcqcn-layout", [src], shared=True, flags=["-I", str(ROCE)],
-                      build_dir=tmp_path / "build")
-    n = 2 + len(Params._fields_) + len(State._fields_)
-    got = list((ctypes.c_size_t * n).in_dll(ctypes.CDLL(str(so)), "layout"))
-    want = [ctypes.sizeof(Params), ctypes.sizeof(State),
-            *(getattr(Params, f).offset for f, _ in Params._fields_),
-            *(getattr(State, f).offset for f, _ in State._fields_)]
-    assert got == want
+    assert layout_mismatch(ROCE / "dcqcn.h", [("dcqcn_params", Params), ("dcqcn_state", State)],
+                           tmp_path, {Params: "struct dcqcn_params"}) == []
 
 
 def test_the_hand_computed_trace(lib: ctypes.CDLL) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from lab.machine import cbuild
+from tests.unit.cmirror import compiler_values, layout_mismatch
 
 ROCE = Path(__file__).resolve().parents[2] / "lab" / "agents" / "roce"
 SRC, DST = 0x0A4D0101, 0x0A4D0202          # 10.77.1.1 -> 10.77.2.2
@@ -42,9 +43,6 @@ class Hdr(ctypes.Structure):
                 ("dma_len", ctypes.c_uint32), ("syndrome", ctypes.c_uint8),
                 ("msn", ctypes.c_uint32)]
 
-
-C_TYPES = {ctypes.c_uint8: "uint8_t", ctypes.c_uint16: "uint16_t",
-           ctypes.c_uint32: "uint32_t", ctypes.c_uint64: "uint64_t"}
 
 
 @pytest.fixture(scope="module")
@@ -232,25 +230,7 @@ def test_build_refuses_unknown_opcodes_and_small_buffers(lib: ctypes.CDLL) -> No
 def test_the_structs_are_laid_out_as_the_compiler_lays_them(tmp_path: Path) -> None:
     """A mirror that drifts from wire.h would write the wrong fields silently: the compiler
     is asked each field's type (a wrong name or type does not compile), offset and size."""
-    lines = ["#include <stddef.h>", '#include "wire.h"']
-    offsets = []
-    for struct_name, mirror in (("roce_ip", Ip), ("roce_hdr", Hdr)):
-        for name, ctype in mirror._fields_:
-            lines.append(f"_Static_assert(_Generic(((struct {struct_name} *)0)->{name}, "
-                         f'{C_TYPES[ctype]}: 1, default: 0), "{struct_name}.{name}");')
-            offsets.append(f"offsetof(struct {struct_name}, {name})")
-    lines.append(f"const size_t layout[] = {{ sizeof(struct roce_ip), sizeof(struct roce_hdr),"
-                 f" {', '.join(offsets)} }};")
-    src = tmp_path / "layout.c"
-    src.write_text("\n".join(lines) + "\n")
-    so = cbuild.build("roce-wire-layout", [src], shared=True, flags=["-I", str(ROCE)],
-                      build_dir=tmp_path / "build")
-    n = 2 + len(Ip._fields_) + len(Hdr._fields_)
-    got = list((ctypes.c_size_t * n).in_dll(ctypes.CDLL(str(so)), "layout"))
-    want = [ctypes.sizeof(Ip), ctypes.sizeof(Hdr),
-            *(getattr(Ip, f).offset for f, _ in Ip._fields_),
-            *(getattr(Hdr, f).offset for f, _ in Hdr._fields_)]
-    assert got == want
+    assert layout_mismatch(ROCE / "wire.h", [("roce_ip", Ip), ("roce_hdr", Hdr)], tmp_path) == []
 
 
 # ---- one queue pair (qp.c) over these headers -----------------------------------------
@@ -284,7 +264,6 @@ class RespCounters(ctypes.Structure):
         "cnps_sent", "ce_received")]
 
 
-C_TYPES.update({ctypes.c_int: "int", ctypes.c_double: "double"})
 MS = 1_000_000
 LINE = 100e6
 
@@ -297,30 +276,14 @@ class QpLib:
         self.dl = ctypes.CDLL(str(cbuild.build(
             "roce-qp", [ROCE / "wire.c", ROCE / "qp.c", ROCE / "dcqcn.c"], shared=True,
             build_dir=tmp / "build")))
-        lines = ["#include <stddef.h>", '#include "qp.h"']
-        for struct_name, mirror in (("qp_config", Config), ("qp_req_counters", ReqCounters),
-                                    ("qp_resp_counters", RespCounters)):
-            for name, ctype in mirror._fields_:
-                lines.append(f"_Static_assert(_Generic(((struct {struct_name} *)0)->{name}, "
-                             f'{C_TYPES[ctype]}: 1, default: 0), "{struct_name}.{name}");')
-        config_offsets = ", ".join(f"offsetof(struct qp_config, {f})" for f, _ in
-                                   Config._fields_)
-        lines.append("const size_t layout[] = {sizeof(struct qp_requester), "
-                     "offsetof(struct qp_requester, n), offsetof(struct qp_requester, state),"
-                     " sizeof(struct qp_responder), offsetof(struct qp_responder, n), "
-                     "sizeof(struct qp_config), sizeof(struct qp_req_counters), "
-                     f"sizeof(struct qp_resp_counters), {config_offsets}}};")
-        src = tmp / "qp_layout.c"
-        src.write_text("\n".join(lines) + "\n")
-        so = cbuild.build("roce-qp-layout", [src], shared=True, flags=["-I", str(ROCE)],
-                          build_dir=tmp / "build")
-        got = list((ctypes.c_size_t * (8 + len(Config._fields_))).in_dll(
-            ctypes.CDLL(str(so)), "layout"))
-        (self.req_size, self.req_n, self.req_state, self.resp_size, self.resp_n,
-         *sizes) = got[:8]
-        assert sizes == [ctypes.sizeof(Config), ctypes.sizeof(ReqCounters),
-                         ctypes.sizeof(RespCounters)]
-        assert got[8:] == [getattr(Config, f).offset for f, _ in Config._fields_]
+        assert layout_mismatch(ROCE / "qp.h", [
+            ("qp_config", Config), ("qp_req_counters", ReqCounters),
+            ("qp_resp_counters", RespCounters)], tmp) == []
+        (self.req_size, self.req_n, self.req_state, self.resp_size,
+         self.resp_n) = compiler_values(ROCE / "qp.h", [
+             "sizeof(struct qp_requester)", "offsetof(struct qp_requester, n)",
+             "offsetof(struct qp_requester, state)", "sizeof(struct qp_responder)",
+             "offsetof(struct qp_responder, n)"], tmp / "opaque")
         vp, hp, u64 = ctypes.c_void_p, ctypes.POINTER(Hdr), ctypes.c_uint64
         for name, args, res in (
                 ("qp_req_init", [vp, ctypes.POINTER(Config), ctypes.c_uint32, ctypes.c_uint32,
