@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from lab.net.links import TSO_LIMIT
 
 
-@dataclass
+@dataclass(kw_only=True)
 class NsRig:
     """``links`` are (x, y) pairs of short node names; link i (from 1) is
     ``{subnet}.i.0/24`` with x at .1 and y at .2; x's device is
@@ -106,3 +106,39 @@ class NsRig:
     def tc_json(self, node: str, dev: str, what: str) -> list[dict]:
         """``tc -s -j WHAT show dev DEV`` in ``node``'s namespace."""
         return json.loads(self.ns(node, "tc", "-s", "-j", what, "show", "dev", dev).stdout)
+
+
+@dataclass(kw_only=True)
+class LineRig(NsRig):
+    """A - S - B: a sender, a switch (its port towards B is the one a test shapes) and a
+    receiver, with A's and B's default routes through S."""
+
+    links: list[tuple[str, str]] = field(default_factory=lambda: [("a", "s"), ("s", "b")])
+    routes: list[tuple[str, str, str]] = field(default_factory=list)
+    # the nodes by their roles
+    ns_a, ns_s, ns_b = "a", "s", "b"
+
+    def __post_init__(self) -> None:
+        if not self.routes:
+            self.routes = [("a", "default", self.addr("s", "a")),
+                           ("b", "default", self.addr("s", "b"))]
+
+    @property
+    def if_sa(self) -> str:
+        return self.dev("s", "a")
+
+    @property
+    def if_sb(self) -> str:
+        return self.dev("s", "b")
+
+    @property
+    def if_b(self) -> str:
+        return self.dev("b", "s")
+
+    @property
+    def ip_a(self) -> str:
+        return self.addr("a", "s")
+
+    @property
+    def ip_b(self) -> str:
+        return self.addr("b", "s")

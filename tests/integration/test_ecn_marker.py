@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,7 @@ from controllers import ecn
 from lab.machine.environment import qdisc_available
 from lab.net.links import tc_commands
 from lab.net.wire import Qdisc, count_wire_bytes
-from tests.integration.nsrig import NsRig
+from tests.integration.nsrig import LineRig
 
 RATE_MBIT = 50
 QUEUE_BYTES = 150_000
@@ -36,8 +36,8 @@ RUN_S = 4
 SAMPLE_S = 0.1
 
 
-@dataclass
-class Rig(NsRig):
+@dataclass(kw_only=True)
+class Rig(LineRig):
     """Sender A, switch S, receiver B: three namespaces of ours; removes exactly those.
 
     The shaped port is S's veth towards B, so the queue sits on a forwarding hop as on
@@ -45,25 +45,8 @@ class Rig(NsRig):
     is reported back to TCP, which sends the segment again without a retransmit.)
     """
 
-    links: list[tuple[str, str]] = field(default_factory=lambda: [("a", "s"), ("s", "b")])
-    routes: list[tuple[str, str, str]] = field(default_factory=lambda: [
-        ("a", "default", "10.77.1.2"), ("b", "default", "10.77.2.1")])
     family: str = "ecnt"
     subnet: str = "10.77"
-    # nodes and ports by their roles: sender A, switch S (the shaped port towards B), B
-    ns_a, ns_s, ns_b = "a", "s", "b"
-
-    @property
-    def if_sb(self) -> str:
-        return self.dev("s", "b")
-
-    @property
-    def if_b(self) -> str:
-        return self.dev("b", "s")
-
-    @property
-    def ip_b(self) -> str:
-        return self.addr("b", "s")
 
     def start(self) -> None:
         super().start()

@@ -63,7 +63,7 @@ class Port:
     lossless_limit: int = LOSSLESS_LIMIT
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Rig(NsRig):
     """A rig of this test's (``nsrig.NsRig``, subnet 10.79) with the lab's traffic classes
     on its data ports, and what the tests read of them."""

@@ -20,7 +20,7 @@ import struct
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,7 +28,7 @@ import pytest
 from lab.machine import cbuild
 from lab.net.links import tc_commands
 from lab.net.wire import Qdisc, count_wire_bytes
-from tests.integration.nsrig import NsRig
+from tests.integration.nsrig import LineRig
 from tests.unit.test_roce_wire import icrc_by_zlib
 
 ROCE = Path(__file__).resolve().parents[2] / "lab" / "agents" / "roce"
@@ -51,35 +51,14 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root: network namespaces, tc, nftables")
 
 
-@dataclass
-class Rig(NsRig):
+@dataclass(kw_only=True)
+class Rig(LineRig):
     """Client A, switch S, server B (``nsrig.NsRig``, subnet 10.78): S's port towards B is
     the lab-shaped one."""
 
-    links: list[tuple[str, str]] = field(default_factory=lambda: [("a", "s"), ("s", "b")])
-    routes: list[tuple[str, str, str]] = field(default_factory=lambda: [
-        ("a", "default", "10.78.1.2"), ("b", "default", "10.78.2.1")])
     family: str = "rce"
     subnet: str = "10.78"
     program: Path = Path()
-    # the nodes by their roles: client A, switch S, server B
-    ns_a, ns_s, ns_b = "a", "s", "b"
-
-    @property
-    def if_sa(self) -> str:
-        return self.dev("s", "a")
-
-    @property
-    def if_sb(self) -> str:
-        return self.dev("s", "b")
-
-    @property
-    def ip_a(self) -> str:
-        return self.addr("a", "s")
-
-    @property
-    def ip_b(self) -> str:
-        return self.addr("b", "s")
 
     def start(self) -> None:
         super().start()
