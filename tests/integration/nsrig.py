@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from lab.net.links import TSO_LIMIT
 
@@ -102,6 +105,26 @@ class NsRig:
         left = set(subprocess.run(["ip", "netns", "list"], capture_output=True,
                                   text=True).stdout.split())
         assert not left & set(self.namespaces), f"namespaces left behind: {self.namespaces}"
+
+    def capture(self, node: str, intf: str, path: Path, *args: str) -> subprocess.Popen:
+        """tcpdump on ``intf`` into ``path`` (``args``: more options, a filter), returned once
+        it captures (it says "listening on"); stop it with ``stop``."""
+        proc = self.spawn(node, "tcpdump", "-i", intf, "-U", "-Z", "root", "-w", str(path),
+                          *args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 10
+        while True:
+            ready, _, _ = select.select([proc.stderr], [], [], 0.2)
+            if ready and "listening on" in proc.stderr.readline():
+                return proc
+            assert proc.poll() is None, "tcpdump exited"
+            assert time.monotonic() < deadline, "tcpdump did not start capturing"
+
+    @staticmethod
+    def stop(proc: subprocess.Popen) -> None:
+        """SIGTERM to a process of the rig, by PID, and its exit."""
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
 
     def tc_json(self, node: str, dev: str, what: str) -> list[dict]:
         """``tc -s -j WHAT show dev DEV`` in ``node``'s namespace."""

@@ -9,9 +9,6 @@ see the numbers.
 from __future__ import annotations
 
 import json
-import os
-import select
-import signal
 import statistics
 import subprocess
 import threading
@@ -152,20 +149,10 @@ class Capture:
 
     def __init__(self, rig: Rig, path: Path) -> None:
         self.path = path
-        self.proc = rig.spawn(rig.ns_b, "tcpdump", "-i", rig.if_b, "-s", "128", "-U", "-Z",
-                              "root", "-w", str(path), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 10
-        while True:  # tcpdump says "listening on" once the socket is capturing
-            ready, _, _ = select.select([self.proc.stderr], [], [], 0.2)
-            if ready and "listening on" in self.proc.stderr.readline():
-                break
-            assert self.proc.poll() is None, "tcpdump exited"
-            assert time.monotonic() < deadline, "tcpdump did not start capturing"
+        self.proc = rig.capture(rig.ns_b, rig.if_b, path, "-s", "128")
 
     def stop(self) -> dict[str, int]:
-        os.kill(self.proc.pid, signal.SIGTERM)
-        self.proc.wait(timeout=10)
+        Rig.stop(self.proc)
         from scapy.all import IP, TCP, PcapReader  # slow to import: only when needed
         counts = {"ip": 0, "ce": 0, "ce_bad_checksum": 0, "ece": 0, "cwr": 0}
         with PcapReader(str(self.path)) as pcap:

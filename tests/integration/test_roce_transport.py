@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import struct
 import subprocess
@@ -128,21 +127,10 @@ class Capture:
 
     def __init__(self, rig: Rig, intf: str, path: Path, count: int, bpf: str) -> None:
         self.path = path
-        self.proc = rig.spawn(rig.ns_s, "tcpdump", "-i", intf, "-c", str(count), "-U", "-Z",
-                              "root", "-w", str(path), bpf, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 10
-        while True:  # tcpdump says "listening on" once the socket is capturing
-            ready, _, _ = select.select([self.proc.stderr], [], [], 0.2)
-            if ready and "listening on" in self.proc.stderr.readline():
-                break
-            assert self.proc.poll() is None, "tcpdump exited"
-            assert time.monotonic() < deadline, "tcpdump did not start capturing"
+        self.proc = rig.capture(rig.ns_s, intf, path, "-c", str(count), bpf)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-        self.proc.wait(timeout=10)
+        Rig.stop(self.proc)
 
 
 def tshark_fields(pcap: Path, *fields: str) -> list[list[str]]:
