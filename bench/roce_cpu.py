@@ -26,10 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from lab.agents import roce  # noqa: E402
 from lab.machine import cbuild  # noqa: E402
-
-ROCE = REPO / "lab" / "agents" / "roce"
-SOURCES = [ROCE / n for n in ("wire.c", "qp.c", "dcqcn.c", "roce_bw.c")]
 
 
 def sh(*argv: str) -> None:
@@ -68,7 +66,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--json")
     args = ap.parse_args()
-    program = cbuild.build("roce_bw", SOURCES)
+    program = cbuild.build("roce_bw", roce.ROCE_BW)
     tag = os.getpid()
     ns, devs, ips = (f"rcb-{tag}-a", f"rcb-{tag}-b"), (f"rcb{tag}a", f"rcb{tag}b"), \
         ("10.81.0.1", "10.81.0.2")

@@ -23,8 +23,7 @@ CFLAGS = ("-O2", "-g", "-Wall", "-Wextra", "-Werror", "-std=gnu11")
 
 
 def build(name: str, sources: Sequence[Path], *, shared: bool = False,
-          flags: Sequence[str] = (), libs: Sequence[str] = (),
-          build_dir: Path | None = None) -> Path:
+          flags: Sequence[str] = (), build_dir: Path | None = None) -> Path:
     """The executable (or, with ``shared``, the shared library) ``name`` built from
     ``sources``; headers beside them count towards the digest, so editing one rebuilds."""
     srcs = [Path(s).resolve() for s in sources]
@@ -33,14 +32,14 @@ def build(name: str, sources: Sequence[Path], *, shared: bool = False,
     digest = hashlib.sha256()
     for path in [*srcs, *headers]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    digest.update(" ".join([*argv, *libs]).encode())
+    digest.update(" ".join(argv).encode())
     out_dir = Path(build_dir) if build_dir is not None else BUILD_DIR
     out = out_dir / f"{name}-{digest.hexdigest()[:16]}{'.so' if shared else ''}"
     if out.is_file():
         return out
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    cmd = ["clang", *argv, "-o", str(tmp), *map(str, srcs), *libs]
+    cmd = ["clang", *argv, "-o", str(tmp), *map(str, srcs)]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     except (OSError, subprocess.TimeoutExpired) as e:

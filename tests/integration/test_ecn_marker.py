@@ -66,8 +66,8 @@ class Rig(LineRig):
 
     def backlog(self) -> int:
         """Bytes queued at the shaped port now (the htb root counts its leaf's)."""
-        out = self.ns(self.ns_s, "tc", "-s", "-j", "qdisc", "show", "dev", self.if_sb).stdout
-        return next(q["backlog"] for q in json.loads(out) if q.get("root"))
+        return next(q["backlog"] for q in self.tc_json(self.ns_s, self.if_sb, "qdisc")
+                    if q.get("root"))
 
     def iperf(self, seconds: int) -> dict:
         """Cubic streams A -> B; the retransmits and mean/max backlog sampled meanwhile."""

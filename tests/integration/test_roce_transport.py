@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pytest
 
+from lab.agents import roce
 from lab.machine import cbuild
 from lab.net.links import tc_commands
 from lab.net.wire import Qdisc, count_wire_bytes
 from tests.integration.nsrig import LineRig
 from tests.unit.test_roce_wire import icrc_by_zlib
 
-ROCE = Path(__file__).resolve().parents[2] / "lab" / "agents" / "roce"
 RATE_MBIT = 50
 QUEUE_BYTES = 150_000
 SIZE = 65_536
@@ -68,8 +68,7 @@ class Rig(LineRig):
 
     def port_counters(self) -> tuple[int, int]:
         """(bytes, packets) the shaped port towards B has sent, in wire bytes."""
-        out = self.ns(self.ns_s, "tc", "-s", "-j", "qdisc", "show", "dev", self.if_sb).stdout
-        root = next(q for q in json.loads(out) if q.get("root"))
+        root = next(q for q in self.tc_json(self.ns_s, self.if_sb, "qdisc") if q.get("root"))
         return root["bytes"], root["packets"]
 
     def nft(self, script: str) -> None:
@@ -160,9 +159,8 @@ def pcap_ip_packets(pcap: Path) -> list[bytes]:
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """roce_bw built as the lab builds it: wire.c, qp.c, dcqcn.c and the program."""
-    return cbuild.build("roce_bw", [ROCE / "wire.c", ROCE / "qp.c", ROCE / "dcqcn.c",
-                                    ROCE / "roce_bw.c"],
+    """roce_bw built as the lab builds it (``lab.agents.roce.ROCE_BW``)."""
+    return cbuild.build("roce_bw", roce.ROCE_BW,
                         build_dir=tmp_path_factory.mktemp("roce-build"))
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from lab.agents import roce
 from lab.machine import cbuild
 from tests.unit.cmirror import layout_mismatch
 
-ROCE = Path(__file__).resolve().parents[2] / "lab" / "agents" / "roce"
+ROCE = roce.DIR
 MS = 1_000_000          # ns
 MBIT = 1e6              # bit/s
 NEVER = 2**64 - 1       # dcqcn_next_event_ns when nothing is pending

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from lab.agents import roce
 from lab.machine import cbuild
 from tests.unit.cmirror import compiler_values, layout_mismatch
 
-ROCE = Path(__file__).resolve().parents[2] / "lab" / "agents" / "roce"
+ROCE = roce.DIR
 SRC, DST = 0x0A4D0101, 0x0A4D0202          # 10.77.1.1 -> 10.77.2.2
 PSN_SPACE = 1 << 24
 
@@ -274,7 +275,7 @@ class QpLib:
 
     def __init__(self, tmp: Path) -> None:
         self.dl = ctypes.CDLL(str(cbuild.build(
-            "roce-qp", [ROCE / "wire.c", ROCE / "qp.c", ROCE / "dcqcn.c"], shared=True,
+            "roce-qp", roce.LIBRARY, shared=True,
             build_dir=tmp / "build")))
         assert layout_mismatch(ROCE / "qp.h", [
             ("qp_config", Config), ("qp_req_counters", ReqCounters),

@@ -1,0 +1,15 @@
+"""The RoCEv2 transport, in C (README.md here), as the lab and its tests build it.
+
+Why here: the sources a program links are one list, named beside the sources, so the lab,
+the tests and the benchmark build the same program (``lab.machine.cbuild.build``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DIR = Path(__file__).resolve().parent
+#: The wire format, RC queue pairs and DCQCN: what any program on the transport links.
+LIBRARY = tuple(DIR / name for name in ("wire.c", "qp.c", "dcqcn.c"))
+#: ``roce_bw``, perftest's ``ib_write_bw`` on the transport.
+ROCE_BW = (*LIBRARY, DIR / "roce_bw.c")
