@@ -26,8 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from controllers import cbuild  # noqa: E402
 from lab.agents import roce  # noqa: E402
-from lab.machine import cbuild  # noqa: E402
 
 
 def sh(*argv: str) -> None:

@@ -24,10 +24,8 @@ Pure stdlib: imported by the controller (os-ken and Ryu 4.34) and by the lab.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
-import os
 import struct
 import subprocess
 import sysconfig
@@ -36,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from controllers import cbuild
 from controllers.marking import (
     QUEUE_HANDLE,
     WIRE_OVERHEAD_BYTES,
@@ -182,25 +181,11 @@ def compile_flags() -> list[str]:
 
 
 def build_object(build_dir: Path) -> Path:
-    """The compiled marker, built once per source: its name holds the sha256 of the source
-    (and flags), so an edited source recompiles and an unchanged one is reused."""
-    flags = compile_flags()
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()
-    obj = Path(build_dir) / f"ecn_marker-{digest[:16]}.o"
-    if obj.is_file():
-        return obj
-    obj.parent.mkdir(parents=True, exist_ok=True)
-    tmp = obj.with_name(f"{obj.name}.{os.getpid()}.tmp")
-    cmd = ["clang", *flags, "-c", str(SOURCE), "-o", str(tmp)]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise MarkerError(f"{SOURCE.name}: `{' '.join(cmd)}` failed: {e}") from e
-    if r.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise MarkerError(f"{SOURCE.name}: `{' '.join(cmd)}` failed: {r.stderr.strip()}")
-    os.replace(tmp, obj)  # atomic: a concurrent build never sees half a file
-    return obj
+    """The compiled marker, built once per source (``controllers.cbuild``: its name holds
+    the sha256 of the source and flags, so an edited source recompiles and an unchanged one
+    is reused)."""
+    return cbuild.compile_object("ecn_marker", SOURCE, flags=compile_flags(),
+                                 build_dir=build_dir)
 
 
 def config_value(port: PortQueue, marking: Marking | None) -> bytes:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from controllers import cbuild
 from controllers.marking import WIRE_FRAME_BYTES, htb_class_args
-from lab.machine import cbuild
 from lab.net.wire import Qdisc, count_wire_bytes
 from tests.integration.nsrig import NsRig
 

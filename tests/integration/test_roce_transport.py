@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from controllers import cbuild
 from lab.agents import roce
-from lab.machine import cbuild
 from lab.net.links import tc_commands
 from lab.net.wire import Qdisc, count_wire_bytes
 from tests.integration.nsrig import LineRig

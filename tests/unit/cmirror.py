@@ -12,7 +12,7 @@ import ctypes
 from collections.abc import Sequence
 from pathlib import Path
 
-from lab.machine import cbuild
+from controllers import cbuild
 
 #: The C type each ctypes field type stands for.
 C_TYPES: dict[type, str] = {

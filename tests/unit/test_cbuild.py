@@ -1,5 +1,5 @@
-"""lab.machine.cbuild: a C program is rebuilt when a source or header changes, reused when
-not, and a compile error is one MachineError carrying the compiler's message."""
+"""controllers.cbuild: a C program is rebuilt when a source or header changes, reused when
+not, and a compile error is one BuildError line carrying the compiler's message."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.machine import cbuild
-from lab.model.errors import MachineError
+from controllers import cbuild
+from lab.machine import state
 
 
 def sources(tmp_path: Path, value: int) -> Path:
@@ -33,6 +33,20 @@ def test_built_once_and_again_when_a_header_changes(tmp_path: Path) -> None:
 def test_a_compile_error_names_the_program_and_says_why(tmp_path: Path) -> None:
     src = tmp_path / "bad.c"
     src.write_text("int main(void) { return undefined_name; }\n")
-    with pytest.raises(MachineError, match=r"(?s)^bad: .*undefined_name"):
+    with pytest.raises(cbuild.BuildError, match=r"^bad: .*undefined_name") as caught:
         cbuild.build("bad", [src], build_dir=tmp_path / "build")
+    assert len(str(caught.value).splitlines()) == 1
     assert list((tmp_path / "build").iterdir()) == []          # no half-built file left
+
+
+def test_an_object_for_another_target_takes_only_its_own_flags(tmp_path: Path) -> None:
+    src = tmp_path / "obj.c"
+    src.write_text("int unused_but_fine(int x) { int y; return x; }\n")  # -Wall would fail
+    obj = cbuild.compile_object("obj", src, flags=["-O2"], build_dir=tmp_path / "build")
+    assert obj.suffix == ".o" and obj.read_bytes()[:4] == b"\x7fELF"
+    assert cbuild.compile_object("obj", src, flags=["-O2"], build_dir=tmp_path / "build") == obj
+
+
+def test_the_default_build_dir_is_the_labs_state_dir() -> None:
+    """The controller cannot import the lab, so it names the directory itself: the same."""
+    assert cbuild.BUILD_DIR == state.STATE_DIR / "build"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from controllers import cbuild
 from lab.agents import roce
-from lab.machine import cbuild
 from tests.unit.cmirror import layout_mismatch
 
 ROCE = roce.DIR

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from controllers import cbuild
 from lab.agents import roce
-from lab.machine import cbuild
 from tests.unit.cmirror import compiler_values, layout_mismatch
 
 ROCE = roce.DIR

@@ -1,7 +1,7 @@
 """The RoCEv2 transport, in C (README.md here), as the lab and its tests build it.
 
 Why here: the sources a program links are one list, named beside the sources, so the lab,
-the tests and the benchmark build the same program (``lab.machine.cbuild.build``).
+the tests and the benchmark build the same program (``controllers.cbuild.build``).
 """
 
 from __future__ import annotations
