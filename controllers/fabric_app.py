@@ -141,6 +141,8 @@ class FabricApp(ControlRequests, BaseApp):
         self.queues = {p.intf: p for p in self.cfg.ports}
         self._marker: Any = None            # controllers.ecn.Marker, made on first use
         self._markings: dict[str, Any] = {}
+        self._pfcd: Any = None              # controllers.pfc.Pfcd while one runs
+        self._pfc_lock = hub.Semaphore(1)   # one start or stop at a time
         self._decisions = 0
         # Last port counters per switch, for load-aware policies: {switch: (t, {port: bytes})}.
         self._port_bytes: dict[str, tuple[float, dict[int, int]]] = {}
@@ -161,6 +163,7 @@ class FabricApp(ControlRequests, BaseApp):
 
     def close(self) -> None:
         self.control.stop()
+        self.stop_pfc()                     # never raises: the marker is closed too
         if self._marker is not None:
             self._marker.close()
 

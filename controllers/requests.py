@@ -1,6 +1,7 @@
 """The lab's requests to the running controller, on its control socket: status, watch
 (per-flow counters), pin (a flow's path), jobs (which job a flow is, for a job-aware
-policy), ecn (marking per port) and ecn_stats.
+policy), ecn (marking per port), ecn_stats and pfc (the PFC engine started on a config, or
+stopped with its counters).
 
 A mixin of ``FabricApp``: the requests arrive on the control server's threads and act on
 the app's switches under its lock; kept apart from the OpenFlow event handling they share
@@ -30,6 +31,8 @@ class ControlRequests:
 
     _lock: Any
     _switches: dict[str, Any]
+    _pfcd: Any
+    _pfc_lock: Any
     cfg: Any
     policy: Any
 
@@ -41,7 +44,8 @@ class ControlRequests:
                     "pin": lambda: self.pin(req.get("flows")),
                     "jobs": lambda: self.jobs(req.get("flows")),
                     "ecn": lambda: self.ecn(req.get("ports")),
-                    "ecn_stats": self.ecn_stats}
+                    "ecn_stats": self.ecn_stats,
+                    "pfc": lambda: self.pfc(req.get("config"), req.get("off"))}
         if cmd not in handlers:
             return {"ok": False, "error": f"unknown cmd {cmd!r} (known: status, "
                                           f"{', '.join(handlers)})"}
@@ -237,3 +241,65 @@ class ControlRequests:
         counters = self._marker.counters() if self._marker is not None else {}
         return {"ok": True, "mechanism": self.cfg.ecn_mechanism, "ports": counters,
                 "marking": dict(self._markings)}
+
+    # -- PFC -------------------------------------------------------------------------------
+    def pfc(self, config: Any, off: Any) -> dict[str, Any]:
+        """Start pfcd on ``config`` (``controllers.pfc.PfcConfig``'s JSON form), or stop it
+        (``off``: true) and reply its counters.
+
+        One pfcd at a time: a start is refused while one runs. Its binary is built in the
+        build dir (as the ECN marker's object is); its config, counters and stderr go beside
+        the control socket, in the run's directory. Starting and stopping hold their own
+        lock, not the app's: pfcd takes up to seconds to be ready, and OpenFlow events
+        must not wait for it.
+        """
+        from controllers import pfc as pfc_mod  # only runs with PFC asked for
+        if (off is True) == (config is not None) or off not in (None, True):
+            raise RequestError('expected "config": {...} to start pfcd or "off": true to '
+                               "stop it")
+        with self._pfc_lock:
+            if off is True:
+                if self._pfcd is None:
+                    raise RequestError("off: pfcd is not running")
+                try:
+                    return {"ok": True, "counters": self._pfc_stopped()}
+                except (ValueError, RuntimeError) as exc:
+                    return {"ok": False, "error": f"pfc: {exc}"}
+            if self._pfcd is not None and self._pfcd.running:
+                raise RequestError(f"pfcd is already running (pid {self._pfcd.pid}); "
+                                   'stop it first ("off": true)')
+            try:
+                cfg = pfc_mod.PfcConfig.from_dict(config, "config")
+            except ValueError as exc:
+                raise RequestError(str(exc)) from None
+            self.stop_pfc()               # one that died: its classes set back, then gone
+            work = Path(self.cfg.control_socket).parent
+            try:
+                binary = pfc_mod.Pfcd.build(Path(self.cfg.build_dir) if self.cfg.build_dir
+                                            else None)
+                engine = pfc_mod.Pfcd(cfg, binary, work / "pfcd.json", work / "pfcd.log")
+                engine.start()
+            except (ValueError, RuntimeError) as exc:
+                return {"ok": False, "error": f"pfc: {exc}"}
+            self._pfcd = engine
+        LOG.info("pfc: pfcd %d watches %d ports, pauses %d classes", engine.pid,
+                 len(cfg.ports), len(cfg.feeders()))
+        return {"ok": True, "pid": engine.pid, "watched": len(cfg.ports),
+                "feeders": len(cfg.feeders())}
+
+    def _pfc_stopped(self) -> dict[str, Any]:
+        """Stop pfcd (it sets its classes back) and forget it, whatever stop says."""
+        engine, self._pfcd = self._pfcd, None
+        counters = engine.stop()
+        LOG.info("pfc: pfcd %d stopped", engine.pid)
+        return counters
+
+    def stop_pfc(self) -> None:
+        """Stop a pfcd that runs, or set back the classes of one that died: the controller
+        never leaves a port paused behind it (its shutdown calls this)."""
+        if self._pfcd is None:
+            return
+        try:
+            self._pfc_stopped()
+        except (ValueError, RuntimeError) as exc:
+            LOG.warning("pfc: %s", exc)
