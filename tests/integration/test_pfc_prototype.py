@@ -6,14 +6,15 @@ one. Every data port has traffic classes: htb 1: with class 1:1 at the link rate
 link, each with its own bfifo leaf (10:, 20:), and the lab's wire size table. UDP floods at
 fixed rates (iperf3) overload S's lossless class; pfcd watches its leaf and pauses A's and
 C's lossless classes. Two hops: A-S1-S2-B with the slow port at S2; the pause reaches A
-through S1. Run with ``pytest -s`` to see the numbers.
+through S1. pfcd is configured and run as the controller runs it (``controllers.pfc``), the
+ports shaped as the lab shapes them (``controllers.classes``). Run with ``pytest -s`` to see
+the numbers.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
 import time
@@ -23,13 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from controllers import cbuild
-from controllers.marking import WIRE_FRAME_BYTES, htb_class_args
+from controllers import pfc
+from controllers.classes import LOSSLESS_CLASS, TrafficClasses
+from controllers.marking import WIRE_FRAME_BYTES
+from controllers.pfc import Feeder, PfcConfig, Pfcd, WatchedPort
 from lab.net.wire import Qdisc, count_wire_bytes
 from tests.integration.nsrig import NsRig
-
-REPO = Path(__file__).resolve().parents[2]
-SOURCE = REPO / "controllers" / "pfc" / "pfcd.c"
 
 LINK_MBIT = 50
 #: The lossless class's share of each port (rate = weight x link, ceil = link).
@@ -41,7 +41,7 @@ XOFF, XON = 20_000, 10_000
 #: 2 MTU, with no link delay (veth) and a reaction budget of 1.5 ms (one 1 ms poll, the
 #: dump and the change); S has two feeders at 50 Mbit/s.
 REACTION_BUDGET_S = 1.5e-3
-HEADROOM = 2 * round(LINK_MBIT * 1e6 / 8 * REACTION_BUDGET_S + 2 * WIRE_FRAME_BYTES)
+HEADROOM = 2 * pfc.headroom_bytes(LINK_MBIT * 1e6, 0, REACTION_BUDGET_S)
 LOSSLESS_LIMIT = XOFF + HEADROOM + 15_000
 #: Host NICs and lossy classes: deep enough never to be the question here.
 DEEP_LIMIT = 300_000
@@ -73,24 +73,13 @@ class Rig(NsRig):
 
     def shape(self, port: Port) -> None:
         """Traffic classes on an egress port, as the module doc says, counted in wire
-        bytes like every lab port."""
-        node, dev, m = port.ns, port.dev, port.mbit
-        w = LOSSLESS_WEIGHT
-        cmds = [
-            f"qdisc add dev {dev} root handle 1: htb default 20",
-            f"class add dev {dev} parent 1: classid 1:1 {htb_class_args(m)}",
-            f"class add dev {dev} parent 1:1 classid 1:10 {htb_class_args(w * m, m)} prio 0",
-            f"class add dev {dev} parent 1:1 classid 1:20 "
-            f"{htb_class_args((1 - w) * m, m)} prio 1",
-            f"qdisc add dev {dev} parent 1:10 handle 10: bfifo limit {port.lossless_limit}",
-            f"qdisc add dev {dev} parent 1:20 handle 20: bfifo limit {DEEP_LIMIT}",
-        ]
-        for tos in (TOS_LOSSLESS, TOS_CNP):
-            cmds.append(f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip "
-                        f"tos {tos:#x} 0xfc flowid 1:10")
-        for cmd in cmds:
-            self.ns(node, "tc", *cmd.split())
-        count_wire_bytes(self.sleepers[node], [Qdisc(dev)])
+        bytes like every lab port: the lab's own commands (``TrafficClasses``)."""
+        classes = TrafficClasses(weight=LOSSLESS_WEIGHT, lossless_limit_bytes=port.lossless_limit,
+                                 lossy_limit_bytes=DEEP_LIMIT)
+        assert set(classes.dscps) == {TOS_LOSSLESS >> 2, TOS_CNP >> 2}
+        for cmd in classes.tc_commands(port.dev, port.mbit):
+            self.ns(port.ns, *cmd.split())
+        count_wire_bytes(self.sleepers[port.ns], [Qdisc(port.dev)])
 
     def port_json(self, port: Port, what: str) -> list[dict]:
         return self.tc_json(port.ns, port.dev, what)
@@ -166,47 +155,41 @@ def run_flows(rig: Rig, dst_ip: str, flows: list[Flow], seconds: int) -> list[di
 
 
 class Engine:
-    """pfcd started on a config, stopped by SIGTERM (by PID); its counters and the CPU it
-    used, read from /proc over the run."""
+    """pfcd as the controller runs it (``controllers.pfc.Pfcd``): started on a config,
+    stopped by SIGTERM (by PID); its counters and the CPU it used, read from /proc over the
+    run. The rig kills it by PID if a test fails before it is stopped."""
 
-    def __init__(self, rig: Rig, binary: Path, config: str, workdir: Path) -> None:
-        self.rig, self.out = rig, workdir / "pfcd.json"
-        cfg = workdir / "pfcd.conf"
-        cfg.write_text(config)
-        self.proc = rig.spawn(None, str(binary), str(cfg), str(self.out),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        ready, _, _ = select.select([self.proc.stdout], [], [], 10)
-        line = self.proc.stdout.readline() if ready else ""
-        assert line.startswith("pfcd: ready"), (line, self.proc.stderr.read()
-                                                if self.proc.poll() is not None else "")
+    def __init__(self, rig: Rig, binary: Path, config: PfcConfig, workdir: Path) -> None:
+        self.pfcd = Pfcd(config, binary, workdir / "pfcd.json", workdir / "pfcd.log")
+        self.pfcd.start()
+        assert self.pfcd.proc is not None
+        rig.procs.append(self.pfcd.proc)
         self.t0, self.ticks0 = time.monotonic(), self._ticks()
 
     def _ticks(self) -> int:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(f"/proc/{self.pfcd.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return int(fields[11]) + int(fields[12])      # utime + stime
 
     def stop(self) -> dict:
         ticks, wall = self._ticks() - self.ticks0, time.monotonic() - self.t0
-        os.kill(self.proc.pid, signal.SIGTERM)
-        _, err = self.proc.communicate(timeout=10)
-        assert self.proc.returncode == 0, err
-        report = json.loads(self.out.read_text())
+        report = self.pfcd.stop()
         report["cpu_per_s_proc"] = ticks / os.sysconf("SC_CLK_TCK") / wall
-        report["stderr"] = err
+        report["stderr"] = self.pfcd.stderr_tail()
         return report
 
 
-def pfcd_config(rig: Rig, watched: list[tuple[Port, list[Port]]], pause_bps: int) -> str:
-    """pfcd's config: each watched port's lossless leaf and the feeders it pauses."""
-    lines = ["poll_us 1000", "refresh_us 3000", f"pause_bps {pause_bps}"]
-    for port, feeders in watched:
-        lines.append(f"port /run/netns/{rig.name(port.ns)} {port.dev} prio=3 class=1:10 "
-                     f"leaf=10: xoff={XOFF} xon={XON}")
-        for f in feeders:
-            rate = int(LOSSLESS_WEIGHT * f.mbit * 1e6)
-            lines.append(f"feeder /run/netns/{rig.name(f.ns)} {f.dev} class=1:10 "
-                         f"rate={rate} ceil={int(f.mbit * 1e6)}")
-    return "\n".join(lines) + "\n"
+def pfcd_config(rig: Rig, watched: list[tuple[Port, list[Port]]],
+                pause_bps: int) -> PfcConfig:
+    """pfcd's config: each watched port's lossless leaf and the feeders it pauses, each
+    port checked against its leaf's size as the lab checks a scenario's."""
+    def ns(port: Port) -> str:
+        return f"/run/netns/{rig.name(port.ns)}"
+    ports = tuple(WatchedPort(ns(port), port.dev, XOFF, XON, tuple(
+        Feeder(ns(f), f.dev, rate_bps=int(LOSSLESS_WEIGHT * f.mbit * 1e6),
+               ceil_bps=int(f.mbit * 1e6)) for f in feeders)) for port, feeders in watched)
+    for port, (shaped, _) in zip(ports, watched, strict=True):
+        pfc.check_port(port, shaped.lossless_limit, REACTION_BUDGET_S)
+    return PfcConfig(ports, pause_bps)
 
 
 def counters(rig: Rig, report: dict, port: Port) -> dict:
@@ -240,7 +223,7 @@ def run_phase(rig: Rig, ports: list[Port], dst_ip: str, flows: list[Flow],
 
 @pytest.fixture(scope="module")
 def pfcd_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return cbuild.build("pfcd", [SOURCE], build_dir=tmp_path_factory.mktemp("pfcd-build"))
+    return Pfcd.build(tmp_path_factory.mktemp("pfcd-build"))
 
 
 @dataclass
@@ -258,7 +241,7 @@ class OneHop:
     def ports(self) -> list[Port]:
         return [self.a, self.c, self.s]
 
-    def config(self, pause_bps: int = PAUSE_BPS) -> str:
+    def config(self, pause_bps: int = PAUSE_BPS) -> PfcConfig:
         return pfcd_config(self.rig, [(self.s, [self.a, self.c])], pause_bps)
 
 
@@ -459,3 +442,40 @@ def test_the_pause_propagates_over_two_hops(hop2: tuple[Rig, Port, Port, Port],
     assert c_s2["pause_frames_tx"] > 0 and c_s1["pause_frames_rx"] > 0, (c_s2, c_s1)
     assert c_s1["pause_frames_tx"] > 0 and c_a["pause_frames_rx"] > 0, (c_s1, c_a)
     assert c_s1["paused_ns"] > 0 and c_a["paused_ns"] > 0, (c_s1, c_a)
+
+
+def test_a_class_left_paused_by_a_killed_pfcd_is_restored(pfcd_binary: Path,
+                                                          tmp_path: Path) -> None:
+    """pfcd resumes its classes only in its SIGTERM handler: killed with SIGKILL while a
+    class is paused, the class stays at the pause rate, and ``Pfcd.restore`` (what the
+    controller does for a pfcd that died) gives it back its rate, ceil, burst, quantum and
+    prio exactly as the lab made it. The feeder is C's port, idle: pausing it does not
+    relieve S's queue, which A's flood keeps above XOFF, so the pause holds for the run."""
+    hop = one_hop("k9", 20, [Flow("a", 5201, 40, TOS_LOSSLESS)])
+    try:
+        made = hop.rig.ns(hop.c.ns, "tc", "-d", "class", "show", "dev", hop.c.dev,
+                          "classid", LOSSLESS_CLASS).stdout
+        engine = Engine(hop.rig, pfcd_binary, pfcd_config(hop.rig, [(hop.s, [hop.c])],
+                                                          PAUSE_BPS), tmp_path)
+        flood = hop.rig.spawn(hop.a.ns, "iperf3", "-c", hop.ip_b, "-p", "5201", "-u", "-b",
+                              "40M", "-l", "1472", "--tos", str(TOS_LOSSLESS), "-t",
+                              str(RUN_S), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + RUN_S
+        while hop.rig.class_stats(hop.c, LOSSLESS_CLASS)["rate"] != PAUSE_BPS:
+            assert time.monotonic() < deadline, "pfcd never paused C's class"
+            time.sleep(0.05)
+        os.kill(engine.pfcd.pid, signal.SIGKILL)
+        engine.pfcd.proc.wait(timeout=10)
+        time.sleep(0.2)
+        left = hop.rig.class_stats(hop.c, LOSSLESS_CLASS)["rate"]
+        engine.pfcd.restore()
+        restored = hop.rig.ns(hop.c.ns, "tc", "-d", "class", "show", "dev", hop.c.dev,
+                              "classid", LOSSLESS_CLASS).stdout
+        flood.wait(timeout=RUN_S + 30)
+    finally:
+        hop.rig.close()
+    print(f"\n(k) pfcd killed: C's class left at {left:.0f} bit/s; restored: "
+          f"{restored.strip()}")
+    assert left == PAUSE_BPS
+    assert restored == made and "rate 25Mbit ceil 50Mbit" in restored, (made, restored)
