@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,3 +317,17 @@ def require(params: dict[str, Any], keys: list[str], kind: str) -> None:
             if not isinstance(node, dict) or part not in node:
                 raise ScenarioError(key, f"missing: the {kind} kind needs it")
             node = node[part]
+
+
+def field_namer(name: str, over: dict[str, Any]) -> Callable[[str], str]:
+    """Names a key of phase ``name`` as the user wrote it (``over``: the phase's overrides):
+    the phase's override if it has one, else the scenario's own key. A phased kind's checks
+    run on each phase's merged values, and an error must point at the line to change."""
+    def field(key: str) -> str:
+        node: Any = over
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return key
+            node = node[part]
+        return f"phases.{name}.{key}"
+    return field

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from controllers.marking import TCP_MSS_BYTES, WIRE_FRAME_BYTES
 from lab.analysis import gpuwait
-from lab.kinds.collective.plan import field_namer, phase_params
+from lab.kinds.collective.plan import phase_params
 from lab.model.flowpaths import attachment
+from lab.model.scenario import field_namer
 
 if TYPE_CHECKING:
     from lab.kinds.base import Plan

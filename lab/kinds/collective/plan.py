@@ -28,7 +28,7 @@ from lab.kinds.collective import beside
 from lab.machine import environment
 from lab.model.errors import MachineError, ScenarioError
 from lab.model.flows import FlowSpec
-from lab.model.scenario import Param, deep_update
+from lab.model.scenario import Param, deep_update, field_namer
 from lab.model.topodesc import check_fabric, edge_switches, hosts_of
 
 RING_PORT = 7100          # rank r listens on RING_PORT + r
@@ -197,19 +197,6 @@ def check_marking(ecn: dict[str, Any], where: str) -> dict[str, Any] | None:
         field, _, why = str(exc).partition(": ")
         raise ScenarioError(field, why or str(exc)) from None
     return body
-
-
-def field_namer(name: str, over: dict[str, Any]):
-    """Names a key as the user wrote it: the phase's override if it has one, else the
-    scenario's own key."""
-    def field(key: str) -> str:
-        node: Any = over
-        for part in key.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return key
-            node = node[part]
-        return f"phases.{name}.{key}"
-    return field
 
 
 def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
