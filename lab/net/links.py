@@ -374,3 +374,21 @@ def _batch_failure(tool: str, lines: list[str], stderr: str) -> str:
             line = int(word)
     cmd = lines[line - 1] if line and 0 < line <= len(lines) else "?"
     return f"`{tool} {cmd}` failed: {stderr.strip()[-300:]}"
+
+
+def set_port_layouts(ports: list[tuple[Any, str, list[str]]]) -> None:
+    """Give running ports a new qdisc layout: each (node, device, its tc commands from an
+    empty root), applied with one ``tc -batch`` per namespace, the wire size table put back
+    on each new root (lab/net/wire.py). What the traffic-class kinds use to turn a fabric's
+    single FIFOs into classes (``controllers.classes``) and back (``tc_commands``).
+
+    The old root goes first, so its counters go with it: call it before a measurement
+    window opens, never inside one."""
+    lines = [(node, f"qdisc del dev {dev} root") for node, dev, _ in ports]
+    lines += [(node, c.removeprefix("tc ")) for node, _, cmds in ports for c in cmds]
+    _run_batches("tc", lines)
+    by_ns: dict[int | None, list[Qdisc]] = {}
+    for node, dev, _ in ports:
+        by_ns.setdefault(node.pid if node.inNamespace else None, []).append(Qdisc(dev))
+    for pid, qdiscs in by_ns.items():
+        count_wire_bytes(pid, qdiscs)
