@@ -58,6 +58,9 @@ METRICS: dict[str, Metric] = {
     "stalls": Metric("viewer stalls", 0.25, 1.0),
     "step_p99_s": Metric("99th percentile training step time (s)", 0.15, 0.02),
     "gpu_idle_fraction": Metric("share of a step the GPU waits for the network", 0.0, 0.05),
+    # a lossless class drops nothing: any drop is a regression
+    "lossless_drops": Metric("packets the lossless (RoCE) class dropped", 0.0, 0.0),
+    "pause_time_s": Metric("seconds ports spent paused by PFC, summed over ports", 0.5, 0.5),
 }
 
 

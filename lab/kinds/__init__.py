@@ -11,7 +11,7 @@ import importlib
 from lab.kinds.base import Kind
 from lab.model.errors import ScenarioError
 
-KINDS = ("ecmp", "streaming", "collective")
+KINDS = ("ecmp", "streaming", "collective", "roce")
 
 
 def get(name: str) -> Kind:

@@ -1,0 +1,156 @@
+"""What the roce kind's result.json says: per group of QPs its goodput and a NIC's counters,
+per class the drops, the pauses as a tree from the congested port upstream, and the lines
+``fabriclab run`` prints and ``fabriclab regress`` holds a policy to.
+
+Every number comes from a counter that packets moved: goodput from the transport's
+completions, drops from each class's leaf queue, pauses from pfcd's per port and priority
+counters, paths from the switches' per-flow counters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controllers.classes import LOSSLESS_LEAF, LOSSLESS_PRIORITY, LOSSY_LEAF
+from lab.kinds.base import PhaseCounts, Plan, phased_part
+from lab.kinds.roce.plan import RoceFlow
+
+_PRIO = str(LOSSLESS_PRIORITY)
+
+
+def flow_result(out: dict[str, Any]) -> dict[str, Any]:
+    """A QP's transport numbers in the fields ``lab.measure.result.flow_entries`` reads."""
+    t = out.get("totals") or {}
+    resp = out.get("responder") or {}
+    return {"goodput_bps": float(out.get("goodput_mbps") or 0.0) * 1e6,
+            "retransmits": int(t.get("retransmitted_packets", 0)),
+            "sent_bytes": int(t.get("payload_bytes_sent", 0)),
+            "received_bytes": int(resp.get("payload_bytes_received", 0)),
+            "error": out.get("error")}
+
+
+def _class_drops(classes: dict[str, dict[str, dict[str, int]]], leaf: str) -> dict[str, int]:
+    return {dev: c[leaf]["drops"] for dev, c in classes.items()
+            if leaf in c and c[leaf]["drops"]}
+
+
+def pause_tree(pfc: dict[str, Any] | None, feeds: dict[str, list[str]]) -> dict[str, Any]:
+    """Which ports paused which, from pfcd's counters: the roots are ports that sent PAUSE
+    but were never paused themselves (a congested egress); each paused feeder hangs under
+    the watched ports it feeds (``feeds``: watched port -> its feeders, as pfcd was
+    configured), ``hops`` deep. Every port as its device name."""
+    if not pfc:
+        return {"roots": [], "hops": {}, "paused_ns": {}, "max_hops": 0}
+    prio = {p["dev"]: p["priorities"].get(_PRIO, {}) for p in pfc.get("ports", [])}
+    sent = {d for d, c in prio.items() if c.get("pause_frames_tx", 0)}
+    paused = {d for d, c in prio.items() if c.get("pause_frames_rx", 0)}
+    roots = sorted(sent - paused)
+    hops: dict[str, int] = {r: 0 for r in roots}
+    frontier = list(roots)
+    while frontier:
+        nxt = []
+        for dev in frontier:
+            for f in feeds.get(dev, []):
+                if f in paused and f not in hops:
+                    hops[f] = hops[dev] + 1
+                    nxt.append(f)
+        frontier = nxt
+    return {"roots": roots, "hops": hops, "max_hops": max(hops.values(), default=0),
+            "paused_ns": {d: prio[d].get("paused_ns", 0) for d in sorted(paused)}}
+
+
+def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, Any],
+                  topo: dict[str, Any]) -> dict[str, Any]:
+    """One phase's numbers: goodput and transport counters per group, drops per class,
+    PFC's pauses and their tree, CE marks, and the settings that made them."""
+    outputs = details["transport"]
+    groups: dict[str, dict[str, Any]] = {}
+    for f in flows:
+        o = outputs.get(f.flow.id, {})
+        t, resp = o.get("totals") or {}, o.get("responder") or {}
+        g = groups.setdefault(f.group, {"qps": 0, "goodput_bps": 0.0, "retransmitted": 0,
+                                        "naks": 0, "timeouts": 0, "cnps": 0, "ce": 0,
+                                        "offered_bps": 0.0, "qp_errors": [],
+                                        "per_qp_bps": {}})
+        bps = float(o.get("goodput_mbps") or 0.0) * 1e6
+        g["qps"] += 1
+        g["goodput_bps"] += bps
+        g["offered_bps"] += f.flow.rate_bps
+        g["per_qp_bps"][f.flow.id] = round(bps)
+        g["retransmitted"] += int(t.get("retransmitted_packets", 0))
+        g["naks"] += int(t.get("naks_received", 0))
+        g["timeouts"] += int(t.get("rto_events", 0))
+        g["cnps"] += int(t.get("cnps_received", 0))
+        g["ce"] += int(resp.get("ce_received", 0))
+        if o.get("error") and not o.get("missing"):
+            g["qp_errors"].append(f"{f.flow.id}: {o['error']}")
+    for g in groups.values():
+        g["goodput_bps"] = round(g["goodput_bps"])
+    lossless = _class_drops(details["classes"], LOSSLESS_LEAF)
+    lossy = _class_drops(details["classes"], LOSSY_LEAF)
+    tree = pause_tree(details["pfc"], details["pfc_feeders"])
+    pfc = details["pfc"] or {}
+    return {
+        "pfc": bool(pp["pfc"]["enabled"]), "ecn": pp["ecn"]["marking"],
+        "cc": pp["roce"]["cc"], "groups": groups,
+        "lossless_drops": sum(lossless.values()), "lossless_drops_by_port": lossless,
+        "lossy_drops": sum(lossy.values()),
+        "pause_time_s": round(sum(tree["paused_ns"].values()) / 1e9, 4),
+        "pause_frames": sum(p["priorities"].get(_PRIO, {}).get("pause_frames_tx", 0)
+                            for p in pfc.get("ports", [])),
+        "pause_tree": tree,
+        "ce_marked": sum(ln.get("ce_marked", 0) for ln in details["links"]),
+        "pfcd_cpu_per_s": (pfc.get("cpu") or {}).get("per_s"),
+    }
+
+
+def assemble(plan: Plan, phases: dict[str, dict[str, Any]], loss: float) -> dict[str, Any]:
+    """The kind's part of result.json: every phase's metrics, each group's goodput against
+    the baseline phase's (``baseline``: the phase without the trouble), the first other
+    phase's links and flows on top."""
+    per = {n: p["metrics"] for n, p in phases.items()}
+    base = plan.params.get("baseline")
+    if base in per:
+        for m in per.values():
+            for g, v in m["groups"].items():
+                ref = per[base]["groups"].get(g, {}).get("goodput_bps")
+                v["vs_baseline"] = round(v["goodput_bps"] / ref, 4) if ref else None
+    # The phase the scenario is about (what diagnose explains): the first that is not the
+    # baseline.
+    first = next((n for n in phases if n != base), next(iter(phases)))
+    metrics = {**per[first], "phases": per, "baseline": base, "pingall_loss_pct": loss}
+    notes = [e for p in phases.values() for e in p["errors"]]
+    counts: dict[str, PhaseCounts] = {n: p["counts"] for n, p in phases.items()}
+    return phased_part(plan, counts, first, metrics, notes=notes, valid=loss == 0,
+                       fidelity={"pfc": "pfcd on htb classes (controllers/pfc)",
+                                 "transport": "roce_bw (lab/agents/roce)"})
+
+
+def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """Per phase: each group's goodput (and against the baseline), lossless drops, pauses."""
+    rows = []
+    for name, m in result["metrics"]["phases"].items():
+        groups = ", ".join(
+            f"{g} {v['goodput_bps'] / 1e6:.1f} Mbit/s" + (
+                f" ({v['vs_baseline'] * 100:.0f} %)" if v.get("vs_baseline") else "")
+            for g, v in m["groups"].items())
+        rows.append((name, f"{groups}; lossless drops {m['lossless_drops']}, "
+                           f"pause {m['pause_time_s']:.2f} s over "
+                           f"{m['pause_tree']['max_hops']} hops, CE {m['ce_marked']}"))
+    return rows
+
+
+def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """Per phase: drops in the lossless class (a lossless fabric's must be 0), the time
+    ports spent paused, and each group's goodput shortfall, against the baseline phase's
+    goodput where the scenario names one (a victim's loss), else against its line rate."""
+    out: dict[str, float] = {}
+    for name, m in result["metrics"]["phases"].items():
+        out[f"{name}.lossless_drops"] = float(m["lossless_drops"])
+        out[f"{name}.pause_time_s"] = float(m["pause_time_s"])
+        for g, v in m["groups"].items():
+            share = v.get("vs_baseline")
+            if share is None:
+                share = v["goodput_bps"] / v["offered_bps"] if v["offered_bps"] else 1.0
+            out[f"{name}.{g}.goodput_shortfall"] = round(max(0.0, 1 - share), 4)
+    return out

@@ -1,0 +1,307 @@
+"""The roce kind's run: the fabric up, traffic classes on every port, then each phase's
+marking, PFC and RoCE flows inside one measurement window.
+
+Per phase, in this order: ECN marking on the switches' ports (the controller's marker);
+every QP watched on every switch; PFC started (the controller runs ``pfcd``,
+``controllers.pfc``); each receiver's ``roce_bw`` server; the window opened; each sender's
+``roce_bw`` client at its start time; the clients' exit (each waits for its last message's
+completion); the window closed once the queues drained; the servers stopped; PFC stopped
+(only now: a paused host queue let go unpaused would flood the switch); every per-class
+leaf read again.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from controllers import cbuild
+from controllers.classes import LOSSLESS_PRIORITY, ROCE_DSCP
+from lab.agents import roce as roce_agent
+from lab.kinds.base import PhaseCounts, Plan, Progress, bring_up
+from lab.kinds.roce import metrics
+from lab.kinds.roce import plan as planning
+from lab.kinds.roce.plan import RoceFlow
+from lab.machine import programs
+from lab.machine.progress import Ticker
+from lab.measure import classes as class_counts
+from lab.measure import headroom, telemetry
+from lab.measure.result import flow_entries
+from lab.measure.window import Window
+from lab.model.errors import MachineError
+from lab.net.links import set_port_layouts
+
+if TYPE_CHECKING:
+    from lab.net.fabric import Fabric
+
+#: Seconds a receiver's server may take to bind UDP 4791.
+BIND_TIMEOUT_S = 10.0
+
+
+def prepare(_plan: Plan) -> Path:
+    """``roce_bw`` built (clang, cached by source digest) before anything starts: a
+    compiler's refusal is one line, not a half-started fabric."""
+    try:
+        return cbuild.build("roce_bw", roce_agent.ROCE_BW)
+    except ValueError as exc:
+        raise MachineError("roce_bw", str(exc)) from None
+
+
+def on_fabric(plan: Plan, fabric: Fabric, progress: Progress,
+              binary: Path) -> dict[str, Any]:
+    """Bring the fabric up, give every port its traffic classes, run each phase; the kind's
+    part of result.json."""
+    loss = bring_up(plan, fabric, progress)
+    run = RoceRun(plan, fabric, progress, binary)
+    run.classes_on()
+    phases = {}
+    for name, pp in planning.phase_params(plan.params).items():
+        progress(f"[{plan.policy_label}] phase {name}: {describe(pp)}")
+        phases[name] = run.phase(name, pp)
+    return metrics.assemble(plan, phases, loss)
+
+
+def describe(pp: dict[str, Any]) -> str:
+    pfc = "PFC" if pp["pfc"]["enabled"] else "no PFC"
+    ecn = "ECN (RED)" if pp["ecn"]["marking"] == "red" else "no marking"
+    return f"{pfc}, {ecn}, congestion control {pp['roce']['cc']}"
+
+
+class RoceRun:
+    """The run's fabric and what its phases share: the binary, the ports, the marking."""
+
+    def __init__(self, plan: Plan, fabric: Fabric, progress: Progress, binary: Path) -> None:
+        self.plan, self.fabric, self.progress, self.binary = plan, fabric, progress, binary
+        self.topo = plan.topo_desc
+        self.ports = telemetry.fabric_ports(self.topo)
+        self.bridges = [s["name"] for s in self.topo["switches"]]
+        self.marked: set[str] = set()
+        self.flows = [f for f in plan.flows if isinstance(f, RoceFlow)]
+        self.hosts = {h["name"] for h in self.topo["hosts"]}
+
+    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.fabric.controller is not None
+        reply = self.fabric.controller.request(msg)
+        if not reply.get("ok", False):
+            raise MachineError(msg["cmd"], str(reply.get("error")))
+        return reply
+
+    # -- the ports -------------------------------------------------------------------------
+    def port_ends(self) -> list[tuple[Any, str, bool]]:
+        """Every shaped end of the fabric: (node, device, is a host's NIC)."""
+        ends = []
+        for ln in self.topo["links"]:
+            for n, p in ((ln["a"], ln["a_port"]), (ln["b"], ln["b_port"])):
+                node = self.fabric.host(n) if n in self.hosts else self.fabric.net.get(n)
+                ends.append((node, f"{n}-eth{p}", n in self.hosts))
+        return ends
+
+    def classes_on(self) -> None:
+        """Traffic classes on every port (the first phase's sizes: classes are the
+        fabric's, the same in every phase)."""
+        pp = next(iter(planning.phase_params(self.plan.params).values()))
+        rates = {f"{n}-eth{p}": ln["bw_mbps"] for ln in self.topo["links"]
+                 for n, p in ((ln["a"], ln["a_port"]), (ln["b"], ln["b_port"]))}
+        set_port_layouts([(node, dev, planning.classes_of(pp, host).tc_commands(
+            dev, rates[dev])) for node, dev, host in self.port_ends()])
+
+    def ns_of(self, node_name: str) -> str:
+        """A node's network namespace as pfcd takes it: a host's by its shell's PID, the
+        switches' ("-") is the lab's own."""
+        if node_name in self.hosts:
+            return f"/proc/{self.fabric.host(node_name).pid}/ns/net"
+        return "-"
+
+    def pfc_config(self, pp: dict[str, Any]) -> dict[str, Any]:
+        """pfcd's configuration (``controllers.pfc``): every switch port watched, each
+        of its feeders paused at ``pfc.pause_pct`` of its link."""
+        p, w = pp["pfc"], pp["classes"]["weight"]
+        ports = []
+        for port in planning.watched_ports(self.topo):
+            feeders = [{"ns": self.ns_of(f["node"]), "dev": f["dev"],
+                        "rate_bps": int(w * f["bw_mbps"] * 1e6),
+                        "ceil_bps": int(f["bw_mbps"] * 1e6),
+                        "pause_bps": int(f["bw_mbps"] * 1e6 * p["pause_pct"] / 100)}
+                       for f in port["feeders"]]
+            ports.append({"ns": "-", "dev": port["dev"], "prio": LOSSLESS_PRIORITY,
+                          "xoff_bytes": p["xoff_bytes"], "xon_bytes": p["xon_bytes"],
+                          "feeders": feeders})
+        slowest = min(ln["bw_mbps"] for ln in self.topo["links"])
+        return {"poll_us": p["poll_us"], "ports": ports,
+                "pause_bps": int(slowest * 1e6 * p["pause_pct"] / 100)}
+
+    def set_marking(self, pp: dict[str, Any]) -> dict[str, Any] | None:
+        """RED-like marking of every switch port (the lossless class's queue is the
+        port's watched one), or none; a port marked before and not now is turned off."""
+        e = pp["ecn"]
+        body = ({"kmin_bytes": e["kmin_bytes"], "kmax_bytes": e["kmax_bytes"],
+                 "pmax": e["pmax"]} if e["marking"] == "red" else None)
+        want = {p.intf for p in self.ports} if body else set()
+        todo = [{"intf": i, **body} for i in sorted(want)] if body else []
+        todo += [{"intf": i, "off": True} for i in sorted(self.marked - want)]
+        if todo:
+            self.request({"cmd": "ecn", "ports": todo})
+        self.marked = want
+        return body
+
+    def ecn_counters(self) -> dict[str, dict[str, int]]:
+        if not self.marked:
+            return {}
+        return self.request({"cmd": "ecn_stats"}).get("ports", {})
+
+    # -- a phase ---------------------------------------------------------------------------
+    def phase(self, name: str, pp: dict[str, Any]) -> dict[str, Any]:
+        """One phase from its settings to its counters."""
+        flows = [f for f in self.flows if f.phase == name]
+        index = {id(f): self.flows.index(f) for f in flows}
+        work = self.fabric.run_dir / "roce" / name
+        work.mkdir(parents=True, exist_ok=True)
+        marking = self.set_marking(pp)
+        watch = [e for f in flows for e in f.flow.watch_entries(index[id(f)])]
+        if watch:
+            self.request({"cmd": "watch", "flows": watch})
+        ends = [(node, dev) for node, dev, _ in self.port_ends()]
+        sampler = telemetry.Sampler(self.ports, hz=telemetry.SAMPLE_HZ,
+                                    controller=self.fabric.controller, classes=self.fabric.cpu)
+        window = Window(sampler, self.ports, self.bridges, name=name)
+        pfc_on = bool(pp["pfc"]["enabled"])
+        servers: list[subprocess.Popen] = []
+        clients: list[tuple[RoceFlow, subprocess.Popen]] = []
+        pfc_counters: dict[str, Any] | None = None
+        config = self.pfc_config(pp)
+        try:
+            if pfc_on:
+                started = self.request({"cmd": "pfc", "config": config})
+                # the controller's child: recorded, so an interrupted run kills it by PID
+                self.fabric.record.add_pid(int(started["pid"]), "pfcd (the controller's)")
+            leaves0 = class_counts.leaf_counters(ends)
+            servers = self.start_servers(flows, pp, work)
+            sampler.start()
+            window.open()
+            ecn0 = self.ecn_counters()
+            clients = self.run_clients(name, flows, pp, work)
+            t_end = time.monotonic() - sampler.t0
+            window.close()
+            ecn1 = self.ecn_counters()
+            for s in servers:
+                s.send_signal(signal.SIGTERM)
+            for s in servers:
+                s.wait(timeout=10)
+            if pfc_on:
+                pfc_counters = self.request({"cmd": "pfc", "off": True}).get("counters")
+                pfc_on = False
+            leaves = class_counts.delta(leaves0, class_counts.leaf_counters(ends))
+        finally:
+            for p in [*servers, *(c for _, c in clients)]:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            if pfc_on:
+                self.request({"cmd": "pfc", "off": True})
+            sampler.stop()
+        judged = window.judge(window.t_start, t_end)
+        outputs = read_outputs(flows, work)
+        for f in flows:
+            f.flow.result = metrics.flow_result(outputs[f.flow.id])
+        fentries = flow_entries([f.flow for f in flows], window.flow_deltas(), self.topo,
+                                [index[id(f)] for f in flows])
+        links = window.links()
+        for ln in links:
+            c0, c1 = ecn0.get(ln["intf"], {}), ecn1.get(ln["intf"], {})
+            ln["ce_marked"] = c1.get("ce_marked", 0) - c0.get("ce_marked", 0)
+        details = {"duration_s": round(window.measured_s, 3), "links": links,
+                   "flows": fentries, "classes": leaves, "pfc": pfc_counters,
+                   "pfc_feeders": {p["dev"]: [f["dev"] for f in p["feeders"]]
+                                   for p in config["ports"]},
+                   "marking": marking, "transport": outputs}
+        pm = metrics.phase_metrics(pp, flows, details, self.topo)
+        # A QP that went to the error state (its retries exhausted) is what the network did
+        # to it, counted in the metrics; a program without a result is a measurement lost.
+        errors = [f"{i}: {o['error']}" for i, o in outputs.items() if o.get("missing")]
+        valid = headroom.cpu_verdict(judged) is None and not errors
+        return {"counts": PhaseCounts(
+            duration_s=details["duration_s"], links=links, flows=fentries,
+            cpu_idle_min_pct=judged["cpu_idle_min_pct"], lab_cpu_pct=judged["lab_cpu_pct"],
+            valid=valid, details=details, cpu=headroom.cpu_fields(judged)),
+            "metrics": pm, "errors": errors}
+
+    def start_servers(self, flows: list[RoceFlow], pp: dict[str, Any],
+                      work: Path) -> list[subprocess.Popen]:
+        """One ``roce_bw --server`` per receiver, bound before this returns."""
+        procs = []
+        rates = {ln["a"]: ln["bw_mbps"] for ln in self.topo["links"] if ln["a"] in self.hosts}
+        for rx in sorted({f.flow.dst for f in flows}):
+            argv = [str(self.binary), "--server", "--rate-mbps", f"{rates[rx]:g}",
+                    "--out", str(work / f"server-{rx}.json")]
+            procs.append(programs.spawn(self.fabric, rx, argv, work / f"server-{rx}.log",
+                                        f"roce_bw server in {rx}", "traffic"))
+        deadline = time.monotonic() + BIND_TIMEOUT_S
+        for rx, proc in zip(sorted({f.flow.dst for f in flows}), procs, strict=True):
+            while ":4791 " not in self.fabric.host(rx).cmd("ss -Hlun"):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log = (work / f"server-{rx}.log").read_text(errors="replace")
+                    raise MachineError("roce_bw", f"{rx}: the server did not bind UDP 4791: "
+                                       f"{log.strip()[-300:]}")
+                time.sleep(0.05)
+        return procs
+
+    def run_clients(self, name: str, flows: list[RoceFlow], pp: dict[str, Any],
+                    work: Path) -> list[tuple[RoceFlow, subprocess.Popen]]:
+        """Each flow's client at its start time; returns once every client has exited."""
+        r, duration = pp["roce"], float(pp["duration"])
+        started: list[tuple[RoceFlow, subprocess.Popen]] = []
+        t0 = time.monotonic()
+        self.progress(f"[{self.plan.policy_label}] {name}: {len(flows)} QPs for "
+                      f"{duration:g} s ...")
+        with Ticker(duration, f"[{self.plan.policy_label}] {name}"):
+            for f in sorted(flows, key=lambda x: x.start_s):
+                time.sleep(max(0.0, t0 + f.start_s - time.monotonic()))
+                argv = [str(self.binary), "--client", f.flow.dst_ip,
+                        "--out", str(work / f"{f.flow.id}.json"),
+                        "--duration", f"{duration - f.start_s:g}",
+                        "--rate-mbps", f"{f.flow.rate_bps / 1e6:g}", "--cc", r["cc"],
+                        "--mtu", str(r["mtu"]), "--size", str(r["size_bytes"]),
+                        "--tx-depth", str(r["tx_depth"]), "--rto-ms", f"{r['rto_ms']:g}",
+                        "--src-port", str(f.flow.sport), "--dscp", str(ROCE_DSCP)]
+                started.append((f, programs.spawn(
+                    self.fabric, f.flow.src, argv, work / f"{f.flow.id}.log",
+                    f"roce_bw client {f.flow.id}", "traffic")))
+            drain = 1 + r["rto_ms"] / 1000 * 8
+            for _, p in started:
+                try:
+                    p.wait(timeout=max(1.0, t0 + duration + drain + 10 - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    p.send_signal(signal.SIGTERM)
+                    p.wait(timeout=10)
+        return started
+
+
+def read_outputs(flows: list[RoceFlow], work: Path) -> dict[str, dict[str, Any]]:
+    """Each flow's client JSON with its QP's responder counters from the server's
+    (matched by the client's address and QPN), or an error naming what is missing."""
+    servers: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for f in flows:
+        rx = f.flow.dst
+        if rx not in servers:
+            path = work / f"server-{rx}.json"
+            servers[rx] = json.loads(path.read_text()) if path.is_file() else {}
+        path = work / f"{f.flow.id}.json"
+        if not path.is_file():
+            log = (work / f"{f.flow.id}.log")
+            text = log.read_text(errors="replace").strip()[-300:] if log.is_file() else ""
+            out[f.flow.id] = {"error": f"roce_bw wrote no result: {text}", "missing": True}
+            continue
+        client = json.loads(path.read_text())
+        qp = (client.get("qps") or [{}])[0]
+        resp = [r for r in servers[rx].get("qps", [])
+                if r.get("client") == f.flow.src_ip and r.get("peer_qpn") == qp.get("qpn")]
+        out[f.flow.id] = {**client, "responder": resp[0] if resp else None}
+        if not resp and not client.get("error"):
+            out[f.flow.id].update(error=f"{rx}'s server has no responder for {f.flow.id}",
+                                  missing=True)
+    return out

@@ -1,0 +1,85 @@
+"""The roce kind without a network: its checks name the key, its ports and feeders follow the
+topology, the pause tree and the regression metrics read what pfcd and the transport say."""
+
+from __future__ import annotations
+
+import pytest
+
+from controllers.classes import LOSSLESS_CLASS, LOSSY_CLASS, TrafficClasses
+from lab import run
+from lab.kinds.roce import metrics, plan
+from lab.model.errors import ScenarioError
+
+
+@pytest.mark.parametrize("sets, field", [
+    (["roce.mtu=2048"], "roce.mtu"),                           # larger than the links'
+    (["roce.mtu=1000"], "roce.mtu"),                           # not a RoCE MTU
+    (['phases.dcqcn.ecn.marking="off"'], "phases.dcqcn.roce.cc"),  # DCQCN, nothing marks
+    (["pfc.xoff_bytes=150000"], "pfc.xoff_bytes"),  # XOFF at the queue's size
+    (["pfc.xon_bytes=40000"], "pfc.xon_bytes"),     # XON above XOFF
+    (["pfc.xoff_bytes=100000"], "pfc.xoff_bytes"),            # headroom too small above it
+    (["classes.weight=1.0"], "classes.weight"),
+    (["classes.host_bytes=100000"], "classes.host_bytes"),
+    (["flows=[{group: a, from: [h99], to: h1}]"], "flows[0].from[0]"),
+    (["flows=[{group: a, from: [h1], to: h1}]"], "flows[0].to"),
+    (["flows=[{group: a, from: [h5], to: h1, start_s: 9}]"], "flows[0].start_s"),
+    (["flows=[{group: a, from: [h5], to: h1, rate: 9}]"], "flows[0].rate"),
+    (["baseline=nope"], "baseline"),
+    (["phases.alone.flows=[{group: a, from: [h2], to: h99}]"], "phases.alone.flows[0].to"),
+    (["topology.link_delay_ms=1"], "topology.link_delay_ms"),
+])
+def test_bad_input_names_the_key(sets: list[str], field: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        run.check_input("pfc-hol", None, sets, None, None)
+    assert err.value.field == field, str(err.value)
+
+
+def test_the_scenario_plans_one_qp_per_sender_and_phase() -> None:
+    given = run.check_input("pfc-hol", None, [], None, None)
+    by_phase: dict[str, list[str]] = {}
+    for f in given.flows:
+        by_phase.setdefault(f.phase, []).append(f.flow.id)
+        assert (f.flow.proto, f.flow.dport) == ("udp", plan.ROCE_PORT)
+    assert by_phase["alone"] == ["victim-h8"]
+    assert sorted(by_phase["pfc"]) == ["incast-h5", "incast-h6", "incast-h7", "victim-h8"]
+    assert len({f.flow.sport for f in given.flows}) == len(given.flows)
+
+
+def test_every_switch_port_is_fed_by_the_far_ends_of_its_switchs_other_links() -> None:
+    topo = run.check_input("pfc-hol", None, [], None, None).topo_desc
+    ports = {p["dev"]: p for p in plan.watched_ports(topo)}
+    assert len(ports) == 2 * (4 + 2) + 2 * 2
+    to_h1 = ports["leaf1-eth1"]
+    assert to_h1["peer"] == "h1"
+    # h2..h4's NICs and both spines' ports towards leaf1 feed leaf1
+    assert sorted(f["dev"] for f in to_h1["feeders"]) == [
+        "h2-eth0", "h3-eth0", "h4-eth0", "spine1-eth1", "spine2-eth1"]
+
+
+def test_the_classes_put_roce_and_cnps_in_the_lossless_class() -> None:
+    cmds = TrafficClasses(weight=0.4).tc_commands("p0", 50)
+    assert f"classid {LOSSLESS_CLASS} htb rate 20.0mbit ceil 50mbit" in " ".join(cmds)
+    assert f"classid {LOSSY_CLASS} htb rate 30.0mbit ceil 50mbit" in " ".join(cmds)
+    assert sum("match ip tos 0x68 0xfc" in c or "match ip tos 0xc0 0xfc" in c
+               for c in cmds) == 2
+
+
+def _pfcd(ports: dict[str, tuple[int, int, int]]) -> dict:
+    """pfcd's JSON for ports {dev: (pause frames sent, received, paused ns)}."""
+    return {"ports": [{"ns": "-", "dev": d, "priorities": {"3": {
+        "pause_frames_tx": tx, "pause_frames_rx": rx, "paused_ns": ns}}}
+        for d, (tx, rx, ns) in ports.items()]}
+
+
+def test_the_pause_tree_starts_at_the_port_that_was_never_paused() -> None:
+    feeds = {"leaf1-eth1": ["spine1-eth1", "h2-eth0"], "spine1-eth1": ["leaf2-eth3"],
+             "leaf2-eth3": ["h5-eth0"]}
+    tree = metrics.pause_tree(_pfcd({
+        "leaf1-eth1": (40, 0, 0), "spine1-eth1": (30, 40, 10**9),
+        "leaf2-eth3": (20, 30, 2 * 10**9), "h5-eth0": (0, 20, 3 * 10**9),
+        "h2-eth0": (0, 0, 0)}), feeds)
+    assert tree["roots"] == ["leaf1-eth1"]
+    assert tree["hops"] == {"leaf1-eth1": 0, "spine1-eth1": 1, "leaf2-eth3": 2, "h5-eth0": 3}
+    assert tree["max_hops"] == 3
+    assert "h2-eth0" not in tree["paused_ns"]
+    assert metrics.pause_tree(None, feeds)["max_hops"] == 0
