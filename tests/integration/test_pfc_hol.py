@@ -7,7 +7,8 @@ never crosses h1's port. One run, four phases, each checked on its own counters:
   the incast delivers less than with PFC;
 - PFC: the lossless class drops nothing anywhere, the pauses reach at least two hops
   upstream of h1's port (which is the only root), and the victim loses most of its rate;
-- ECN + DCQCN (with PFC): the ports spend at least 5 times less time paused.
+- ECN + DCQCN (with PFC): the ports spend at least 5 times less time paused, and the victim
+  gets its rate back (it joins an incast DCQCN has already slowed).
 
 Every path is the one the switches counted, and each data-direction link's bytes are its
 flows' bytes.
@@ -23,8 +24,10 @@ from tests.integration.support import phase, result_of
 
 #: The victim under PFC: below this share of its rate alone.
 HOL_SHARE = 0.70
-#: ECN + DCQCN cuts the time ports spend paused by at least this factor.
+#: ECN + DCQCN cuts the time ports spend paused by at least this factor ...
 PAUSE_CUT = 5.0
+#: ... and the victim is back within this share of its rate alone.
+RECOVERED = 0.10
 #: A data-direction link's bytes against its flows' (headers counted alike on both sides).
 LINK_TOL = 0.02
 
@@ -85,9 +88,11 @@ def test_the_victim_waits_behind_the_incast_under_pfc(hol: dict) -> None:
             assert f["dst"] == "h2" and f["loss"] == 0.0
 
 
-def test_dcqcn_cuts_the_pauses(hol: dict) -> None:
+def test_dcqcn_cuts_the_pauses_and_the_victim_recovers(hol: dict) -> None:
     pfc, dcqcn = phase(hol, "pfc"), phase(hol, "dcqcn")
     assert dcqcn["lossless_drops"] == 0
     assert dcqcn["ce_marked"] > 0 and dcqcn["groups"]["incast"]["cnps"] > 0
     assert dcqcn["pause_time_s"] * PAUSE_CUT <= pfc["pause_time_s"], (dcqcn["pause_time_s"],
                                                                         pfc["pause_time_s"])
+    victim = dcqcn["groups"]["victim"]
+    assert victim["vs_baseline"] is not None and victim["vs_baseline"] >= 1 - RECOVERED, victim
