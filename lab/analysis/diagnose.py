@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lab.analysis import pauses
 from lab.model import result as result_file
 from lab.model.errors import ScenarioError
 from lab.model.flowpaths import adjacency, link_bytes
@@ -128,6 +129,13 @@ def select_phase(result: dict[str, Any], phase: str | None) -> dict[str, Any]:
             "flows": details[phase]["flows"]}
 
 
+def _phase_pfc(result: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, list[str]]]:
+    """The PFC counters and feeders of the phase a result is seen in (its headline phase,
+    or the one ``select_phase`` chose); none for a run without PFC."""
+    d = (result.get("phase_details") or {}).get(result.get("phase")) or {}
+    return d.get("pfc"), d.get("pfc_feeders") or {}
+
+
 def diagnose(result: dict[str, Any]) -> dict[str, Any]:
     """Flows with their links and losses, links ranked by the loss flows saw on them."""
     if result.get("schema") != 1:
@@ -161,10 +169,12 @@ def diagnose(result: dict[str, Any]) -> dict[str, Any]:
                    key=lambda x: (-x.get("lost_at_port", 0), -x["queue_drops"]))
     congested = links[0]["link"] if links and links[0].get("lost_at_port", 0) > 0 else None
     up = sum(1 for ln in result["links"] if ln.get("up", True))
+    pfc, feeds = _phase_pfc(result)
     return {"scenario": result.get("scenario"), "policy": result.get("policy"),
             "phase": result.get("phase"),
             "links": len(result["links"]), "links_up": up, "congested_link": congested,
-            "ranked": links, "unexplained": unexplained_loss(result), "flows": flows}
+            "ranked": links, "unexplained": unexplained_loss(result), "flows": flows,
+            "pauses": pauses.explain(pfc, feeds, result["flows"], result["topology"])}
 
 
 def render(report: dict[str, Any]) -> str:
@@ -179,6 +189,7 @@ def render(report: dict[str, Any]) -> str:
                      f"{top['util_mean'] * 100:.0f}%, carrying {', '.join(top['flows'])}")
     else:
         lines.append("no flow lost bytes at a port")
+    lines += pauses.render(report.get("pauses") or {})
     for link, lost in report["unexplained"].items():
         lines.append(f"unexplained loss: {lost} B of the flows on {link} were lost without a "
                      "queue drop (inside the emulator's datapath, not a configured drop)")

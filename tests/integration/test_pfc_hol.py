@@ -11,16 +11,19 @@ never crosses h1's port. One run, four phases, each checked on its own counters:
   gets its rate back (it joins an incast DCQCN has already slowed).
 
 Every path is the one the switches counted, and each data-direction link's bytes are its
-flows' bytes.
+flows' bytes. ``fabriclab diagnose`` names h1's port as the pauses' root and the victim as
+held by ports paused for someone else.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from lab.analysis import diagnose
 from lab.model.result import validate
-from tests.integration.support import phase, result_of
+from tests.integration.support import fabriclab, phase, result_of
 
 #: The victim under PFC: below this share of its rate alone.
 HOL_SHARE = 0.70
@@ -35,6 +38,20 @@ LINK_TOL = 0.02
 @pytest.fixture(scope="module")
 def hol(shared_run) -> dict:
     return result_of(shared_run("pfc-hol"))
+
+
+def test_diagnose_names_the_root_of_the_pauses_and_their_victim(shared_run) -> None:
+    """``fabriclab diagnose --phase pfc``: the pauses' root is h1's port, and the victim is
+    named as held by ports paused for the incast, with those ports as evidence."""
+    out = fabriclab("diagnose", str(shared_run("pfc-hol")), "--phase", "pfc", "--json")
+    p = json.loads(out.stdout)["pauses"]
+    assert p["roots"] == ["leaf1-eth1"]
+    assert p["victims"] == ["victim-h8"]
+    assert p["flows"]["victim-h8"]["paused_ports"] and not p["flows"]["victim-h8"]["roots"]
+    for f in ("incast-h5", "incast-h6", "incast-h7"):
+        assert p["flows"][f]["roots"] == ["leaf1-eth1"]
+    text = fabriclab("diagnose", str(shared_run("pfc-hol")), "--phase", "pfc").stdout
+    assert "pauses: root leaf1-eth1" in text and "victim-h8 at " in text
 
 
 def test_the_result_is_valid_and_every_qp_took_one_counted_path(hol: dict) -> None:

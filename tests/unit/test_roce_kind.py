@@ -7,7 +7,8 @@ import pytest
 
 from controllers.classes import LOSSLESS_CLASS, LOSSY_CLASS, TrafficClasses
 from lab import run
-from lab.kinds.roce import metrics, plan
+from lab.analysis import pauses
+from lab.kinds.roce import plan
 from lab.model.errors import ScenarioError
 
 
@@ -74,7 +75,7 @@ def _pfcd(ports: dict[str, tuple[int, int, int]]) -> dict:
 def test_the_pause_tree_starts_at_the_port_that_was_never_paused() -> None:
     feeds = {"leaf1-eth1": ["spine1-eth1", "h2-eth0"], "spine1-eth1": ["leaf2-eth3"],
              "leaf2-eth3": ["h5-eth0"]}
-    tree = metrics.pause_tree(_pfcd({
+    tree = pauses.pause_tree(_pfcd({
         "leaf1-eth1": (40, 0, 0), "spine1-eth1": (30, 40, 10**9),
         "leaf2-eth3": (20, 30, 2 * 10**9), "h5-eth0": (0, 20, 3 * 10**9),
         "h2-eth0": (0, 0, 0)}), feeds)
@@ -82,4 +83,4 @@ def test_the_pause_tree_starts_at_the_port_that_was_never_paused() -> None:
     assert tree["hops"] == {"leaf1-eth1": 0, "spine1-eth1": 1, "leaf2-eth3": 2, "h5-eth0": 3}
     assert tree["max_hops"] == 3
     assert "h2-eth0" not in tree["paused_ns"]
-    assert metrics.pause_tree(None, feeds)["max_hops"] == 0
+    assert pauses.pause_tree(None, feeds)["max_hops"] == 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from controllers.classes import LOSSLESS_LEAF, LOSSLESS_PRIORITY, LOSSY_LEAF
+from lab.analysis import pauses
 from lab.kinds.base import PhaseCounts, Plan, phased_part
 from lab.kinds.roce.plan import RoceFlow
 
@@ -32,31 +33,6 @@ def flow_result(out: dict[str, Any]) -> dict[str, Any]:
 def _class_drops(classes: dict[str, dict[str, dict[str, int]]], leaf: str) -> dict[str, int]:
     return {dev: c[leaf]["drops"] for dev, c in classes.items()
             if leaf in c and c[leaf]["drops"]}
-
-
-def pause_tree(pfc: dict[str, Any] | None, feeds: dict[str, list[str]]) -> dict[str, Any]:
-    """Which ports paused which, from pfcd's counters: the roots are ports that sent PAUSE
-    but were never paused themselves (a congested egress); each paused feeder hangs under
-    the watched ports it feeds (``feeds``: watched port -> its feeders, as pfcd was
-    configured), ``hops`` deep. Every port as its device name."""
-    if not pfc:
-        return {"roots": [], "hops": {}, "paused_ns": {}, "max_hops": 0}
-    prio = {p["dev"]: p["priorities"].get(_PRIO, {}) for p in pfc.get("ports", [])}
-    sent = {d for d, c in prio.items() if c.get("pause_frames_tx", 0)}
-    paused = {d for d, c in prio.items() if c.get("pause_frames_rx", 0)}
-    roots = sorted(sent - paused)
-    hops: dict[str, int] = {r: 0 for r in roots}
-    frontier = list(roots)
-    while frontier:
-        nxt = []
-        for dev in frontier:
-            for f in feeds.get(dev, []):
-                if f in paused and f not in hops:
-                    hops[f] = hops[dev] + 1
-                    nxt.append(f)
-        frontier = nxt
-    return {"roots": roots, "hops": hops, "max_hops": max(hops.values(), default=0),
-            "paused_ns": {d: prio[d].get("paused_ns", 0) for d in sorted(paused)}}
 
 
 def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, Any],
@@ -88,7 +64,7 @@ def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, 
         g["goodput_bps"] = round(g["goodput_bps"])
     lossless = _class_drops(details["classes"], LOSSLESS_LEAF)
     lossy = _class_drops(details["classes"], LOSSY_LEAF)
-    tree = pause_tree(details["pfc"], details["pfc_feeders"])
+    tree = pauses.pause_tree(details["pfc"], details["pfc_feeders"])
     pfc = details["pfc"] or {}
     return {
         "pfc": bool(pp["pfc"]["enabled"]), "ecn": pp["ecn"]["marking"],
