@@ -84,3 +84,11 @@ def test_the_pause_tree_starts_at_the_port_that_was_never_paused() -> None:
     assert tree["max_hops"] == 3
     assert "h2-eth0" not in tree["paused_ns"]
     assert pauses.pause_tree(None, feeds)["max_hops"] == 0
+
+
+def test_jains_index_is_one_for_equal_shares_and_one_over_n_for_a_hog() -> None:
+    from lab.kinds.roce import metrics
+    assert metrics.jain([5.0, 5.0, 5.0, 5.0]) == 1.0
+    assert metrics.jain([20.0, 0.0, 0.0, 0.0]) == 0.25
+    assert round(metrics.jain([4.7, 5.5, 5.1, 8.8]) or 0, 3) == 0.932
+    assert metrics.jain([]) is None and metrics.jain([0.0, 0.0]) is None

@@ -5,7 +5,7 @@ The answer gets what an operator's switches would show for the ``pfc`` phase: th
 and per port and priority pause frames sent and received and the time paused (pfcd's
 counters), nothing of the flows or of the lab's own pause tree. It returns the congested
 port (``"leaf1-eth1"``) and the number of hops the pauses reached upstream of it. It is
-checked against the lab's tree (``lab.kinds.roce.metrics.pause_tree``), which reads the same
+checked against the lab's tree (``lab.analysis.pauses.pause_tree``), which reads the same
 counters with the feeders pfcd was configured with.
 """
 

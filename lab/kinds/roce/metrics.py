@@ -35,6 +35,48 @@ def _class_drops(classes: dict[str, dict[str, dict[str, int]]], leaf: str) -> di
             if leaf in c and c[leaf]["drops"]}
 
 
+#: Seconds after the last QP joined before rates are judged for fairness: DCQCN's rate
+#: recovery, scaled to the lab's link rates (docs/roce.md), takes seconds, not microseconds.
+FAIRNESS_SETTLE_S = 2.0
+
+
+def jain(values: list[float]) -> float | None:
+    """Jain's fairness index: 1 when all are equal, 1/n when one has everything."""
+    if not values or not any(values):
+        return None
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+
+
+def fairness(pp: dict[str, Any], flows: list[RoceFlow],
+             details: dict[str, Any]) -> dict[str, Any] | None:
+    """Once every QP has joined and settled: each QP's mean DCQCN rate (what its pacer was
+    allowed), Jain's index over them, and the receivers' port queues (p50, p95) - the queue
+    DCQCN holds near Kmin. None when the phase ends before the window opens."""
+    t_from = max((f.start_s for f in flows), default=0.0) + FAIRNESS_SETTLE_S
+    t_to = float(pp["duration"])
+    if t_to - t_from < 1.0:
+        return None
+    rates = {}
+    for f in flows:
+        q = ((details["transport"].get(f.flow.id) or {}).get("qps") or [{}])[0]
+        rc = [s[1] for s in q.get("rate_samples", []) if t_from <= f.start_s + s[0] <= t_to]
+        rates[f.flow.id] = round(sum(rc) / len(rc)) if rc else 0
+    queues = {}
+    for ln in details["links"]:
+        if ln["peer"] in {f.flow.dst for f in flows}:
+            s = ln.get("series") or {}
+            qs = sorted(b for t, b in zip(s.get("t", []), s.get("queue_bytes", []), strict=False)
+                        if t_from <= t <= t_to)
+            if qs:
+                queues[ln["intf"]] = {"p50_bytes": qs[len(qs) // 2],
+                                      "p95_bytes": qs[min(len(qs) - 1, int(len(qs) * 0.95))]}
+    index = jain(list(rates.values()))
+    return {"from_s": t_from, "to_s": t_to, "rate_bps": rates,
+            "jain": round(index, 4) if index is not None else None,
+            "receiver_queues": queues, "kmin_bytes": pp["ecn"]["kmin_bytes"],
+            "xoff_bytes": pp["pfc"]["xoff_bytes"]}
+
+
 def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, Any],
                   topo: dict[str, Any]) -> dict[str, Any]:
     """One phase's numbers: goodput and transport counters per group, drops per class,
@@ -77,6 +119,7 @@ def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, 
         "pause_tree": tree,
         "ce_marked": sum(ln.get("ce_marked", 0) for ln in details["links"]),
         "pfcd_cpu_per_s": (pfc.get("cpu") or {}).get("per_s"),
+        "fairness": fairness(pp, flows, details),
     }
 
 
@@ -113,6 +156,13 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append((name, f"{groups}; lossless drops {m['lossless_drops']}, "
                            f"pause {m['pause_time_s']:.2f} s over "
                            f"{m['pause_tree']['max_hops']} hops, CE {m['ce_marked']}"))
+        fair = m.get("fairness")
+        if fair and fair["jain"] is not None and len(fair["rate_bps"]) > 1:
+            q = ", ".join(f"{p} p50 {v['p50_bytes']} B p95 {v['p95_bytes']} B"
+                          for p, v in fair["receiver_queues"].items())
+            rows.append(("", f"from {fair['from_s']:g} s: DCQCN rates "
+                             + " ".join(f"{r / 1e6:.1f}" for r in fair["rate_bps"].values())
+                             + f" Mbit/s, Jain {fair['jain']:.3f}; queue {q}"))
     return rows
 
 
