@@ -11,5 +11,8 @@ from pathlib import Path
 DIR = Path(__file__).resolve().parent
 #: The wire format, RC queue pairs and DCQCN: what any program on the transport links.
 LIBRARY = tuple(DIR / name for name in ("wire.c", "qp.c", "dcqcn.c"))
+#: A host around the queue pairs (sockets, the port's pacer, the event loop's wait, JSON
+#: pieces): what every program on the transport shares.
+HOST = DIR / "host.c"
 #: ``roce_bw``, perftest's ``ib_write_bw`` on the transport.
-ROCE_BW = (*LIBRARY, DIR / "roce_bw.c")
+ROCE_BW = (*LIBRARY, HOST, DIR / "roce_bw.c")
