@@ -294,6 +294,7 @@ class QpLib:
                  ctypes.c_size_t),
                 ("qp_req_on_packet", [vp, hp, u64], None), ("qp_req_advance", [vp, u64], None),
                 ("qp_req_rate_bps", [vp], ctypes.c_double),
+                ("qp_req_post_upto", [vp, u64, u64], None),
                 ("qp_resp_init", [vp, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32, u64],
                  None),
                 ("qp_resp_on_data", [vp, hp, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
@@ -396,6 +397,33 @@ def test_the_timer_goes_back_and_the_retry_limit_fails_the_qp(qplib: QpLib) -> N
     q.advance(13 * MS)
     assert q.n.rto_events == 3 and q.failed
     assert qplib.dl.qp_req_next_len(q.buf) == 0
+    q.close()
+
+
+def test_messages_are_posted_as_the_caller_raises_the_limit(qplib: QpLib) -> None:
+    """A QP made with iters 1 sends one message; qp_req_post_upto posts more (a collective
+    posts each chunk when its data is ready), never fewer, and within the send queue."""
+    q = Requester(qplib, msg_size=1024, iters=1, tx_depth=2)
+    assert [h.psn for h in q.take_all()] == [0]
+    qplib.dl.qp_req_post_upto(q.buf, 4, 0)
+    assert [h.psn for h in q.take_all()] == [1]            # tx_depth 2: two outstanding
+    qplib.dl.qp_req_post_upto(q.buf, 3, 0)                 # lower: nothing changes
+    q.receive(opcode=0x11, psn=1, syndrome=0x1F)
+    assert [h.psn for h in q.take_all()] == [2, 3] and q.n.messages_posted == 4
+    q.close()
+
+
+def test_an_answer_before_the_first_psn_is_stale(qplib: QpLib) -> None:
+    """An ACK or NAK naming the PSN just before the QP's first (a late answer to an earlier
+    QP on the same QPN) neither completes nor rewinds anything."""
+    q = Requester(qplib, msg_size=1024, tx_depth=2, start_psn=100)
+    q.take_all()
+    q.receive(opcode=0x11, psn=99, syndrome=0x1F)
+    q.receive(opcode=0x11, psn=99, syndrome=0x60)
+    assert (q.n.messages_completed, q.n.acks_received, q.n.naks_received) == (0, 0, 0)
+    assert q.take() is None                                # no go-back either
+    q.receive(opcode=0x11, psn=100, syndrome=0x1F)
+    assert q.n.messages_completed == 1
     q.close()
 
 

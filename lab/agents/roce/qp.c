@@ -62,13 +62,16 @@ static uint32_t seq_psn(const struct qp_requester *q, uint64_t seq)
 }
 
 /* The unwrapped sequence number of a PSN an ACK/NAK carries, taken as the nearest one to
- * una: a responder only ever names packets within the window we sent. */
-static uint64_t psn_seq(const struct qp_requester *q, uint32_t psn)
+ * una: a responder only ever names packets within the window we sent. -1 for a PSN before
+ * the QP's first packet, which no answer to this QP names: a late answer to an earlier QP
+ * that used the same QPN (roce_ring's hello). */
+static int psn_seq(const struct qp_requester *q, uint32_t psn, uint64_t *seq)
 {
 	int32_t d = roce_psn_diff(psn, seq_psn(q, q->una));
 	if (d < 0 && (uint64_t)(-(int64_t)d) > q->una)
-		return 0;
-	return (uint64_t)((int64_t)q->una + d);
+		return -1;
+	*seq = (uint64_t)((int64_t)q->una + d);
+	return 0;
 }
 
 static uint64_t posted_end(const struct qp_requester *q)
@@ -128,6 +131,14 @@ void qp_req_free(struct qp_requester *q)
 void qp_req_stop_posting(struct qp_requester *q)
 {
 	q->posting = 0;
+}
+
+void qp_req_post_upto(struct qp_requester *q, uint64_t iters, uint64_t now_ns)
+{
+	if (q->c.iters && iters > q->c.iters) {
+		q->c.iters = iters;
+		post_messages(q, now_ns);
+	}
 }
 
 int qp_req_done(const struct qp_requester *q)
@@ -283,9 +294,9 @@ void qp_req_on_packet(struct qp_requester *q, const struct roce_hdr *h, uint64_t
 			dcqcn_on_cnp(&q->cc, now_ns);
 		return;
 	}
-	if (h->opcode != ROCE_OP_ACK || q->state != QP_RTS)
+	uint64_t seq;
+	if (h->opcode != ROCE_OP_ACK || q->state != QP_RTS || psn_seq(q, h->psn, &seq))
 		return;
-	uint64_t seq = psn_seq(q, h->psn);
 	if (ROCE_AETH_IS_NAK(h->syndrome)) {
 		q->n.naks_received++;
 		if ((h->syndrome & 0x1f) != 0) {

@@ -106,6 +106,9 @@ int qp_req_init(struct qp_requester *q, const struct qp_config *c, uint32_t qpn,
 void qp_req_free(struct qp_requester *q);
 /* Post no more messages (a --duration run's end); the outstanding ones still complete. */
 void qp_req_stop_posting(struct qp_requester *q);
+/* Raise the messages to post in all (a QP made with iters > 0) to iters, and post what
+ * the send queue has room for: a collective posts each chunk when its data is ready. */
+void qp_req_post_upto(struct qp_requester *q, uint64_t iters, uint64_t now_ns);
 /* Every posted message completed (or the QP failed): the QP has nothing left to do. */
 int qp_req_done(const struct qp_requester *q);
 /* The IP length of the next packet the QP would send; 0 when it has none to send now. */
