@@ -33,6 +33,10 @@ class Section:
     flows: list[dict[str, Any]]
     metrics: dict[str, Any]
     events: dict[str, Any] = field(default_factory=dict)
+    #: Everything ``phase_details`` keeps of the phase (empty for an unphased run): a
+    #: kind's own per-phase plots (``Kind.section_plots``) read their data from here, as
+    #: the hook is handed the section and not the result.
+    details: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -51,7 +55,7 @@ def sections(result: dict[str, Any]) -> list[Section]:
         per_phase = metrics.get("phases") if isinstance(metrics.get("phases"), dict) else {}
         return [Section(str(name), d.get("duration_s"), dicts_of(d.get("links")),
                         dicts_of(d.get("flows")), dict_of(per_phase.get(name)),
-                        dict_of(d.get("events")))
+                        dict_of(d.get("events")), d)
                 for name, d in details.items() if isinstance(d, dict)]
     return [Section("", result.get("duration_s"), dicts_of(result.get("links")),
                     dicts_of(result.get("flows")), metrics)]
