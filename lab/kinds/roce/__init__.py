@@ -10,8 +10,9 @@ the pause tree, the lines ``fabriclab run`` prints, what regress holds a policy 
 from __future__ import annotations
 
 from lab.kinds.base import Kind
-from lab.kinds.roce import metrics, plan, run
+from lab.kinds.roce import metrics, plan, plots, run
 
 KIND = Kind(name="roce", schema=plan.SCHEMA, plan=plan.flows, run=run.on_fabric,
             summary_rows=metrics.summary_rows, regress_metrics=metrics.regress_metrics,
-            defaults=plan.DEFAULTS, prepare=run.prepare)
+            defaults=plan.DEFAULTS, prepare=run.prepare,
+            run_plots=plots.run_plots, section_plots=plots.section_plots)
