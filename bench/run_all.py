@@ -15,7 +15,7 @@ def main() -> int:
     rc = 0
     for script in ("bringup.py", "ecmp_basic.py", "streaming_incident.py", "collective.py",
                    "allreduce_library.py", "ddp_train.py", "gpu_wait.py", "offline.py",
-                   "ecnwire.py", "regress.py", "cluster.py", "roce_cpu.py"):
+                   "ecnwire.py", "regress.py", "cluster.py", "roce_cpu.py", "roce_incast.py"):
         print(f"== {script}", flush=True)
         rc |= subprocess.run([sys.executable, str(HERE / script), "--json",
                               str(out / script.replace(".py", ".json"))]).returncode
