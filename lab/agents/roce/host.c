@@ -130,8 +130,9 @@ void host_open_sockets(struct host *h)
 	h->tx = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW);
 	if (h->tx < 0)
 		host_die("raw socket (needs CAP_NET_RAW)");
-	big = 1 << 20;
-	setsockopt(h->tx, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	int queue = HOST_NIC_QUEUE_BYTES;
+	if (setsockopt(h->tx, SOL_SOCKET, SO_SNDBUF, &queue, sizeof(queue)))
+		host_die("SO_SNDBUF");
 }
 
 uint32_t host_route_source(uint32_t dst, const char *why)
@@ -151,13 +152,31 @@ void host_flush(struct host *h)
 {
 	int done = 0;
 	while (done < h->ntx) {
-		int n = sendmmsg(h->tx, h->txm + done, (unsigned)(h->ntx - done), 0);
+		int n = sendmmsg(h->tx, h->txm + done, (unsigned)(h->ntx - done), MSG_DONTWAIT);
 		if (n > 0) {
 			done += n;
 			continue;
 		}
 		if (errno == EINTR)
 			continue;
+		if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
+			/* The NIC queue is full: the rest waits, in order, for it to drain. */
+			if (!h->blocked)
+				h->tx_blocked++;
+			h->blocked = 1;
+			int left = h->ntx - done;
+			for (int i = 0; i < left; i++) {
+				memcpy(h->txbuf[i], h->txbuf[done + i], h->txv[done + i].iov_len);
+				h->txa[i] = h->txa[done + i];
+				h->txv[i] = (struct iovec){.iov_base = h->txbuf[i],
+							   .iov_len = h->txv[done + i].iov_len};
+				h->txm[i].msg_hdr = (struct msghdr){
+					.msg_name = &h->txa[i], .msg_namelen = sizeof(h->txa[i]),
+					.msg_iov = &h->txv[i], .msg_iovlen = 1};
+			}
+			h->ntx = left;
+			return;
+		}
 		if (errno == EMSGSIZE) {
 			fprintf(stderr, "%s: a %zu-byte packet exceeds the path's MTU: use a "
 				"smaller --mtu\n", host_prog, h->txv[done].iov_len);
@@ -168,6 +187,7 @@ void host_flush(struct host *h)
 		done++;
 	}
 	h->ntx = 0;
+	h->blocked = 0;
 }
 
 void host_queue(struct host *h, uint32_t saddr, uint32_t daddr, uint16_t sport, uint8_t tos,
@@ -175,6 +195,12 @@ void host_queue(struct host *h, uint32_t saddr, uint32_t daddr, uint16_t sport, 
 {
 	if (h->ntx == HOST_BATCH)
 		host_flush(h);
+	if (h->ntx == HOST_BATCH) {
+		/* Still full (only answers are made while blocked): this one is lost as on a
+		 * wire, and the requester's go-back-N or timer recovers it. */
+		h->send_errors++;
+		return;
+	}
 	if (++h->ip_id == 0)
 		h->ip_id = 1;
 	struct roce_ip ip = {.saddr = saddr, .daddr = daddr, .sport = sport, .ip_id = h->ip_id,
@@ -333,6 +359,8 @@ void host_receive(struct host *h)
 void host_send_ready(struct host *h, uint64_t now)
 {
 	pacer_refill(&h->port, now);
+	if (h->blocked)         /* a paused NIC makes no packets: they would wait unsent */
+		return;
 	for (int progress = 1; progress;) {
 		progress = 0;
 		int start = h->rr;
@@ -371,7 +399,7 @@ uint64_t host_next_wake(struct host *h, uint64_t now)
 	for (int i = 0; i < h->nreq; i++) {
 		struct qp_requester *q = &h->req[i];
 		size_t len = qp_req_next_len(q);
-		if (len) {
+		if (len && !h->blocked) {   /* blocked: the NIC queue's POLLOUT wakes us */
 			uint64_t r = qp_req_ready_at(q, now);
 			uint64_t p = pacer_ready_at(&h->port, (double)(len + ROCE_ETH_OVERHEAD), now);
 			if (p > r)
@@ -397,11 +425,11 @@ void host_wait(struct host *h, uint64_t wake)
 		dt = 100000000ull;
 	struct timespec ts = {.tv_sec = (time_t)(dt / 1000000000ull),
 			      .tv_nsec = (long)(dt % 1000000000ull)};
-	struct pollfd pfd = {.fd = h->rx, .events = POLLIN};
-	if (ppoll(&pfd, 1, &ts, &wait_mask) < 0 && errno != EINTR)
+	struct pollfd pfd[2] = {{.fd = h->rx, .events = POLLIN}, {.fd = h->tx, .events = POLLOUT}};
+	if (ppoll(pfd, h->blocked ? 2 : 1, &ts, &wait_mask) < 0 && errno != EINTR)
 		host_die("ppoll");
 	/* a timer's wake need not ask the socket (a system call) */
-	h->readable = pfd.revents != 0;
+	h->readable = pfd[0].revents != 0;
 }
 
 void host_ip_str(uint32_t addr, char *buf)

@@ -29,6 +29,13 @@
 
 #define HOST_BATCH 64
 #define HOST_BUF_LEN (ROCE_MAX_PKT + 64)
+/* What the raw socket may have queued below it, in the host's NIC queue (SO_SNDBUF; the
+ * kernel doubles it and charges each packet's buffer, ~2.3 kB for a 1 kB RoCE MTU): about
+ * seven packets. A NIC's transmit stops when its port is paused, and a QP's timers run
+ * from the packets it put on the wire; a host qdisc that held a megabyte of paused packets
+ * would start them seconds early (spurious timeouts, go-back-N into a full queue, drops a
+ * NIC never makes). With the socket's buffer full, sending stops until it drains. */
+#define HOST_NIC_QUEUE_BYTES 8192
 
 /* The program's name, for its one-line messages ("roce_bw: --size: ..."). */
 extern const char *host_prog;
@@ -74,9 +81,13 @@ struct host {
 	uint64_t cnp_interval_ns;
 	/* counters */
 	uint64_t unknown_qp_packets, malformed_packets, send_errors;
+	/* times the NIC queue was full and sending stopped until it drained (PFC pausing the
+	 * host's port, or a slower port than the pacer's rate) */
+	uint64_t tx_blocked;
 	/* the event loop's own */
 	int rx, tx;
 	int rr;                 /* the requester that goes first next round */
+	int blocked;            /* the NIC queue is full: packets wait in txm, none are made */
 	int readable;           /* the last wait said the socket has packets */
 	int touched[HOST_BATCH];
 	int ntouched;

@@ -324,7 +324,8 @@ static void write_json(struct app *a, uint64_t end, const char *error)
 	fprintf(f, ",\n  ");
 	HOST_U64(f, "unknown_qp_packets", a->h.unknown_qp_packets); fprintf(f, ", ");
 	HOST_U64(f, "malformed_packets", a->h.malformed_packets); fprintf(f, ", ");
-	HOST_U64(f, "send_errors", a->h.send_errors); fprintf(f, ",\n");
+	HOST_U64(f, "send_errors", a->h.send_errors); fprintf(f, ", ");
+	HOST_U64(f, "tx_blocked", a->h.tx_blocked); fprintf(f, ",\n");
 	if (a->o.server)
 		json_server(f, a);
 	else
