@@ -16,6 +16,7 @@ import itertools
 from typing import Any
 
 from lab.model.flowpaths import adjacency
+from lab.model.flows import ROCE_UDP_PORT
 
 #: The 802.1p priority PFC is read on: the lossless class's (controllers.classes).
 PRIORITY = "3"
@@ -62,13 +63,15 @@ def flow_ports(flow: dict[str, Any], topo: dict[str, Any]) -> list[str]:
 
 def explain(pfc: dict[str, Any] | None, feeds: dict[str, list[str]],
             flows: list[dict[str, Any]], topo: dict[str, Any]) -> dict[str, Any]:
-    """The pause tree and, per flow, the paused ports it crossed and whether it crossed a
-    root (its own congestion) or only ports paused for someone else's (a victim)."""
+    """The pause tree and, per lossless (RoCE) flow, the paused ports it crossed and whether
+    it crossed a root (its own congestion) or only ports paused for someone else's (a
+    victim)."""
     tree = pause_tree(pfc, feeds)
     if not tree["roots"]:
         return {**tree, "flows": {}, "victims": []}
     held = {}
-    for f in flows:
+    # a pause holds the lossless priority only: RoCE's flows; TCP beside them is not held
+    for f in (f for f in flows if f.get("proto") == "udp" and f.get("dport") == ROCE_UDP_PORT):
         ports = flow_ports(f, topo)
         crossed = [p for p in ports if p in tree["paused_ns"]]
         held[f["id"]] = {"paused_ports": crossed,

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PROTO_NUM = {"tcp": 6, "udp": 17}
+#: RoCEv2's UDP destination port (IANA): a flow to it is RDMA, which the lab's traffic
+#: classes put in the lossless priority.
+ROCE_UDP_PORT = 4791
 BASE_DPORT = 5201
 COOKIE_BASE = 0xFAB0_0000_0000_0000
 #: Source ports the lab fixes (``--cport``, stream and collective ``--sport``) come from below

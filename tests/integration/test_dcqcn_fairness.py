@@ -32,7 +32,7 @@ def test_the_run_is_valid_and_lossless(fair: dict) -> None:
 
 
 def test_the_rates_share_the_port(fair: dict) -> None:
-    f = phase(fair, "run")["fairness"]
+    f = phase(fair, "run")["fairness"]["receivers"]["h1"]
     rates = list(f["rate_bps"].values())
     assert len(rates) == 4 and f["jain"] >= JAIN_MIN, f
     port_bps = fair["topology"]["params"]["host_bw"] * 1e6
@@ -41,5 +41,6 @@ def test_the_rates_share_the_port(fair: dict) -> None:
 
 def test_the_queue_is_held_below_kmax_far_from_xoff(fair: dict) -> None:
     f = phase(fair, "run")["fairness"]
-    q = f["receiver_queues"]["leaf1-eth1"]
-    assert q["p95_bytes"] <= fair["params"]["ecn"]["kmax_bytes"] < f["xoff_bytes"], f
+    h1 = f["receivers"]["h1"]
+    assert h1["port"] == "leaf1-eth1"
+    assert h1["queue_p95_bytes"] <= f["kmax_bytes"] < f["xoff_bytes"], f

@@ -10,6 +10,7 @@ from lab import run
 from lab.analysis import pauses
 from lab.kinds.roce import plan
 from lab.model.errors import ScenarioError
+from lab.model.flows import ROCE_UDP_PORT
 
 
 @pytest.mark.parametrize("sets, field", [
@@ -25,6 +26,9 @@ from lab.model.errors import ScenarioError
     (["flows=[{group: a, from: [h1], to: h1}]"], "flows[0].to"),
     (["flows=[{group: a, from: [h5], to: h1, start_s: 9}]"], "flows[0].start_s"),
     (["flows=[{group: a, from: [h5], to: h1, rate: 9}]"], "flows[0].rate"),
+    (["flows=[{group: a, from: [h5], to: h1, transport: rdma}]"], "flows[0].transport"),
+    (["flows=[{group: a, from: [h5], to: h1, transport: tcp, start_s: 1}]"],
+     "flows[0].start_s"),
     (["baseline=nope"], "baseline"),
     (["phases.alone.flows=[{group: a, from: [h2], to: h99}]"], "phases.alone.flows[0].to"),
     (["topology.link_delay_ms=1"], "topology.link_delay_ms"),
@@ -40,9 +44,13 @@ def test_the_scenario_plans_one_qp_per_sender_and_phase() -> None:
     by_phase: dict[str, list[str]] = {}
     for f in given.flows:
         by_phase.setdefault(f.phase, []).append(f.flow.id)
-        assert (f.flow.proto, f.flow.dport) == ("udp", plan.ROCE_PORT)
+        want = ("udp", ROCE_UDP_PORT) if f.transport == "roce" else ("tcp", f.flow.dport)
+        assert (f.flow.proto, f.flow.dport) == want
     assert by_phase["alone"] == ["victim-h8"]
-    assert sorted(by_phase["pfc"]) == ["incast-h5", "incast-h6", "incast-h7", "victim-h8"]
+    assert sorted(by_phase["pfc"]) == ["bulk-h5", "incast-h5", "incast-h6", "incast-h7",
+                                       "victim-h8"]
+    tcp = [f.flow.dport for f in given.flows if f.transport == "tcp"]
+    assert len(set(tcp)) == len(tcp) == 3       # its own iperf3 port in each phase
     assert len({f.flow.sport for f in given.flows}) == len(given.flows)
 
 

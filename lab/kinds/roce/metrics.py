@@ -49,32 +49,37 @@ def jain(values: list[float]) -> float | None:
 
 def fairness(pp: dict[str, Any], flows: list[RoceFlow],
              details: dict[str, Any]) -> dict[str, Any] | None:
-    """Once every QP has joined and settled: each QP's mean DCQCN rate (what its pacer was
-    allowed), Jain's index over them, and the receivers' port queues (p50, p95) - the queue
-    DCQCN holds near Kmin. None when the phase ends before the window opens."""
+    """Under DCQCN, once every QP has joined and settled, per receiver with several QPs:
+    each QP's mean DCQCN rate (what its pacer was allowed), Jain's index over them, and the
+    receiver port's queue (p50, p95) - the queue DCQCN holds near Kmin. None without DCQCN
+    or when the phase ends before the window opens."""
+    flows = [f for f in flows if f.transport == "roce"]
     t_from = max((f.start_s for f in flows), default=0.0) + FAIRNESS_SETTLE_S
     t_to = float(pp["duration"])
-    if t_to - t_from < 1.0:
+    if pp["roce"]["cc"] != "dcqcn" or t_to - t_from < 1.0:
         return None
-    rates = {}
+    by_rx: dict[str, dict[str, int]] = {}
     for f in flows:
         q = ((details["transport"].get(f.flow.id) or {}).get("qps") or [{}])[0]
         rc = [s[1] for s in q.get("rate_samples", []) if t_from <= f.start_s + s[0] <= t_to]
-        rates[f.flow.id] = round(sum(rc) / len(rc)) if rc else 0
-    queues = {}
-    for ln in details["links"]:
-        if ln["peer"] in {f.flow.dst for f in flows}:
-            s = ln.get("series") or {}
-            qs = sorted(b for t, b in zip(s.get("t", []), s.get("queue_bytes", []), strict=False)
-                        if t_from <= t <= t_to)
-            if qs:
-                queues[ln["intf"]] = {"p50_bytes": qs[len(qs) // 2],
-                                      "p95_bytes": qs[min(len(qs) - 1, int(len(qs) * 0.95))]}
-    index = jain(list(rates.values()))
-    return {"from_s": t_from, "to_s": t_to, "rate_bps": rates,
-            "jain": round(index, 4) if index is not None else None,
-            "receiver_queues": queues, "kmin_bytes": pp["ecn"]["kmin_bytes"],
-            "xoff_bytes": pp["pfc"]["xoff_bytes"]}
+        by_rx.setdefault(f.flow.dst, {})[f.flow.id] = round(sum(rc) / len(rc)) if rc else 0
+    ports = {ln["peer"]: ln for ln in details["links"]}
+    receivers = {}
+    for rx, rates in sorted(by_rx.items()):
+        if len(rates) < 2:
+            continue
+        s = ports[rx].get("series") or {}
+        qs = sorted(b for t, b in zip(s.get("t", []), s.get("queue_bytes", []), strict=False)
+                    if t_from <= t <= t_to)
+        index = jain(list(rates.values()))
+        receivers[rx] = {"port": ports[rx]["intf"], "rate_bps": rates,
+                         "jain": round(index, 4) if index is not None else None,
+                         "queue_p50_bytes": qs[len(qs) // 2] if qs else None,
+                         "queue_p95_bytes": qs[min(len(qs) - 1, int(len(qs) * 0.95))]
+                         if qs else None}
+    return {"from_s": t_from, "to_s": t_to, "kmin_bytes": pp["ecn"]["kmin_bytes"],
+            "kmax_bytes": pp["ecn"]["kmax_bytes"], "xoff_bytes": pp["pfc"]["xoff_bytes"],
+            "receivers": receivers}
 
 
 def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, Any],
@@ -84,10 +89,15 @@ def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, 
     outputs = details["transport"]
     groups: dict[str, dict[str, Any]] = {}
     for f in flows:
-        o = outputs.get(f.flow.id, {})
+        # a TCP flow's numbers are iperf3's (lab.workloads.traffic), in flow_result's fields
+        r = f.flow.result
+        o = outputs.get(f.flow.id) or {"goodput_mbps": r.get("goodput_bps", 0) / 1e6,
+                                        "totals": {"retransmitted_packets":
+                                                   r.get("retransmits", 0)}}
         t, resp = o.get("totals") or {}, o.get("responder") or {}
-        g = groups.setdefault(f.group, {"qps": 0, "goodput_bps": 0.0, "retransmitted": 0,
-                                        "naks": 0, "timeouts": 0, "cnps": 0, "ce": 0,
+        g = groups.setdefault(f.group, {"transport": f.transport, "qps": 0,
+                                        "goodput_bps": 0.0, "retransmitted": 0, "naks": 0,
+                                        "timeouts": 0, "cnps": 0, "ce": 0,
                                         "offered_bps": 0.0, "qp_errors": [],
                                         "per_qp_bps": {}})
         bps = float(o.get("goodput_mbps") or 0.0) * 1e6
@@ -156,13 +166,12 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append((name, f"{groups}; lossless drops {m['lossless_drops']}, "
                            f"pause {m['pause_time_s']:.2f} s over "
                            f"{m['pause_tree']['max_hops']} hops, CE {m['ce_marked']}"))
-        fair = m.get("fairness")
-        if fair and fair["jain"] is not None and len(fair["rate_bps"]) > 1:
-            q = ", ".join(f"{p} p50 {v['p50_bytes']} B p95 {v['p95_bytes']} B"
-                          for p, v in fair["receiver_queues"].items())
-            rows.append(("", f"from {fair['from_s']:g} s: DCQCN rates "
-                             + " ".join(f"{r / 1e6:.1f}" for r in fair["rate_bps"].values())
-                             + f" Mbit/s, Jain {fair['jain']:.3f}; queue {q}"))
+        fair = m.get("fairness") or {}
+        for rx, v in fair.get("receivers", {}).items():
+            rows.append(("", f"into {rx} from {fair['from_s']:g} s: DCQCN rates "
+                             + " ".join(f"{r / 1e6:.1f}" for r in v["rate_bps"].values())
+                             + f" Mbit/s, Jain {v['jain']:.3f}; {v['port']} queue p50 "
+                             f"{v['queue_p50_bytes']} B, p95 {v['queue_p95_bytes']} B"))
     return rows
 
 

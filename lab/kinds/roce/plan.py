@@ -26,12 +26,13 @@ from controllers import pfc
 from controllers.classes import TrafficClasses
 from controllers.marking import Marking
 from lab.model.errors import ScenarioError
-from lab.model.flows import FIXED_SPORTS, FlowSpec
+from lab.model.flows import BASE_DPORT, FIXED_SPORTS, ROCE_UDP_PORT, FlowSpec
 from lab.model.scenario import Param, deep_update, field_namer
 from lab.model.topodesc import check_fabric
 
-#: RoCEv2's UDP destination port (IANA).
-ROCE_PORT = 4791
+#: What a flow group runs: RoCE QPs (the lossless class), or TCP (iperf3, cubic) in the
+#: lossy class beside them - PFC pauses one priority, and the other keeps flowing.
+TRANSPORTS = ("roce", "tcp")
 #: RoCE MTUs (payload per packet) the transport takes, and the IP packet each makes: IPv4
 #: 20 + UDP 8 + BTH 12 + RETH 16 (a message's first packet) + ICRC 4 around the payload.
 MTUS = (256, 512, 1024, 2048, 4096)
@@ -44,7 +45,8 @@ LINK_MTU = 1500
 REACTION_POLLS = 1.5
 
 SCHEMA: dict[str, Param] = {
-    # [{group, from: [hosts], to: host, start_s}]: one QP from each sender to the receiver
+    # [{group, from: [hosts], to: host, start_s, transport}]: one QP (or, transport tcp, one
+    # iperf3 TCP flow) from each sender to the receiver
     "flows": Param(list),
     # the phase without the trouble (the victim alone): each group's goodput is judged
     # against its goodput there
@@ -94,6 +96,7 @@ class RoceFlow:
     group: str
     start_s: float
     flow: FlowSpec
+    transport: str = "roce"
 
     def spec(self) -> FlowSpec:
         return self.flow
@@ -158,11 +161,13 @@ def flows(topo_desc: dict[str, Any], params: dict[str, Any],
         for i, item in enumerate(pp.get("flows") or []):
             w = f"{f('flows')}[{i}]"
             group, senders, receiver, start = _flow_group(item, w, ips, pp)
+            tcp = item.get("transport", "roce") == "tcp"
             for src in senders:
                 planned.append(RoceFlow(name, group, start, FlowSpec(
                     id=f"{group}-{src}", src=src, dst=receiver, src_ip=ips[src],
-                    dst_ip=ips[receiver], proto="udp", sport=0, dport=ROCE_PORT,
-                    rate_bps=host_bw[src] * 1e6, kind=group, cc=pp["roce"]["cc"])))
+                    dst_ip=ips[receiver], proto="tcp" if tcp else "udp", sport=0,
+                    dport=0 if tcp else ROCE_UDP_PORT, rate_bps=host_bw[src] * 1e6, kind=group,
+                    cc="cubic" if tcp else pp["roce"]["cc"]), "tcp" if tcp else "roce"))
     if not planned:
         raise ScenarioError("flows", "no phase has a flow")
     base = params.get("baseline")
@@ -170,6 +175,8 @@ def flows(topo_desc: dict[str, Any], params: dict[str, Any],
         raise ScenarioError("baseline", f"no phase {base!r} (phases: {', '.join(phases)})")
     for f, sport in zip(planned, rng.sample(FIXED_SPORTS, len(planned)), strict=True):
         f.flow.sport = sport
+    for i, f in enumerate(x for x in planned if x.transport == "tcp"):
+        f.flow.dport = BASE_DPORT + i      # each iperf3 server its own port
     return planned
 
 
@@ -177,11 +184,18 @@ def _flow_group(item: Any, w: str, ips: dict[str, str],
                 pp: dict[str, Any]) -> tuple[str, list[str], str, float]:
     """One ``flows`` entry, checked: its group, senders, receiver and start time."""
     if not isinstance(item, dict):
-        raise ScenarioError(w, "expected {group, from: [hosts], to: host, start_s}")
-    unknown = set(item) - {"group", "from", "to", "start_s"}
+        raise ScenarioError(w, "expected {group, from: [hosts], to: host, start_s, "
+                            "transport}")
+    unknown = set(item) - {"group", "from", "to", "start_s", "transport"}
     if unknown:
         raise ScenarioError(f"{w}.{sorted(unknown)[0]}", "unknown key (known: group, from, "
-                            "to, start_s)")
+                            "to, start_s, transport)")
+    transport = item.get("transport", "roce")
+    if transport not in TRANSPORTS:
+        raise ScenarioError(f"{w}.transport", f"{transport!r} is not one of "
+                            f"{', '.join(TRANSPORTS)}")
+    if transport == "tcp" and item.get("start_s", 0):
+        raise ScenarioError(f"{w}.start_s", "TCP flows (iperf3) start with the phase")
     group = item.get("group")
     if not isinstance(group, str) or not group.isidentifier():
         raise ScenarioError(f"{w}.group", f"expected a name, got {group!r}")

@@ -34,6 +34,7 @@ from lab.measure.result import flow_entries
 from lab.measure.window import Window
 from lab.model.errors import MachineError
 from lab.net.links import set_port_layouts
+from lab.workloads.traffic import FlowRunner
 
 if TYPE_CHECKING:
     from lab.net.fabric import Fabric
@@ -164,57 +165,24 @@ class RoceRun:
         watch = [e for f in flows for e in f.flow.watch_entries(index[id(f)])]
         if watch:
             self.request({"cmd": "watch", "flows": watch})
-        ends = [(node, dev) for node, dev, _ in self.port_ends()]
         sampler = telemetry.Sampler(self.ports, hz=telemetry.SAMPLE_HZ,
                                     controller=self.fabric.controller, classes=self.fabric.cpu)
         window = Window(sampler, self.ports, self.bridges, name=name)
-        pfc_on = bool(pp["pfc"]["enabled"])
-        servers: list[subprocess.Popen] = []
-        clients: list[tuple[RoceFlow, subprocess.Popen]] = []
-        pfc_counters: dict[str, Any] | None = None
         config = self.pfc_config(pp)
-        try:
-            if pfc_on:
-                started = self.request({"cmd": "pfc", "config": config})
-                # the controller's child: recorded, so an interrupted run kills it by PID
-                self.fabric.record.add_pid(int(started["pid"]), "pfcd (the controller's)")
-            leaves0 = class_counts.leaf_counters(ends)
-            servers = self.start_servers(flows, pp, work)
-            sampler.start()
-            window.open()
-            ecn0 = self.ecn_counters()
-            clients = self.run_clients(name, flows, pp, work)
-            t_end = time.monotonic() - sampler.t0
-            window.close()
-            ecn1 = self.ecn_counters()
-            for s in servers:
-                s.send_signal(signal.SIGTERM)
-            for s in servers:
-                s.wait(timeout=10)
-            if pfc_on:
-                pfc_counters = self.request({"cmd": "pfc", "off": True}).get("counters")
-                pfc_on = False
-            leaves = class_counts.delta(leaves0, class_counts.leaf_counters(ends))
-        finally:
-            for p in [*servers, *(c for _, c in clients)]:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            if pfc_on:
-                self.request({"cmd": "pfc", "off": True})
-            sampler.stop()
-        judged = window.judge(window.t_start, t_end)
-        outputs = read_outputs(flows, work)
-        for f in flows:
+        d = self.drive(name, pp, flows, window, config, work)
+        judged = window.judge(window.t_start, d["t_end"])
+        roce = [f for f in flows if f.transport == "roce"]
+        outputs = read_outputs(roce, work)
+        for f in roce:
             f.flow.result = metrics.flow_result(outputs[f.flow.id])
         fentries = flow_entries([f.flow for f in flows], window.flow_deltas(), self.topo,
                                 [index[id(f)] for f in flows])
         links = window.links()
         for ln in links:
-            c0, c1 = ecn0.get(ln["intf"], {}), ecn1.get(ln["intf"], {})
+            c0, c1 = d["ecn0"].get(ln["intf"], {}), d["ecn1"].get(ln["intf"], {})
             ln["ce_marked"] = c1.get("ce_marked", 0) - c0.get("ce_marked", 0)
         details = {"duration_s": round(window.measured_s, 3), "links": links,
-                   "flows": fentries, "classes": leaves, "pfc": pfc_counters,
+                   "flows": fentries, "classes": d["leaves"], "pfc": d["pfc"],
                    "pfc_feeders": {p["dev"]: [f["dev"] for f in p["feeders"]]
                                    for p in config["ports"]},
                    "marking": marking, "transport": outputs}
@@ -222,12 +190,65 @@ class RoceRun:
         # A QP that went to the error state (its retries exhausted) is what the network did
         # to it, counted in the metrics; a program without a result is a measurement lost.
         errors = [f"{i}: {o['error']}" for i, o in outputs.items() if o.get("missing")]
+        errors += [f"{f.flow.id}: {f.flow.result['error']}" for f in flows
+                   if f.transport == "tcp" and f.flow.result.get("error")]
         valid = headroom.cpu_verdict(judged) is None and not errors
         return {"counts": PhaseCounts(
             duration_s=details["duration_s"], links=links, flows=fentries,
             cpu_idle_min_pct=judged["cpu_idle_min_pct"], lab_cpu_pct=judged["lab_cpu_pct"],
             valid=valid, details=details, cpu=headroom.cpu_fields(judged)),
             "metrics": pm, "errors": errors}
+
+    def drive(self, name: str, pp: dict[str, Any], flows: list[RoceFlow], window: Window,
+              config: dict[str, Any], work: Path) -> dict[str, Any]:
+        """PFC on (if the phase asks), the servers, the window open, every client to its
+        end, the window closed, then PFC off; the counters read around it. Whatever it
+        started is stopped, also on failure."""
+        roce = [f for f in flows if f.transport == "roce"]
+        tcp = FlowRunner(self.fabric, [f.flow for f in flows if f.transport == "tcp"], work,
+                         self.fabric.record)
+        ends = [(node, dev) for node, dev, _ in self.port_ends()]
+        pfc_on = bool(pp["pfc"]["enabled"])
+        servers: list[subprocess.Popen] = []
+        clients: list[tuple[RoceFlow, subprocess.Popen]] = []
+        d: dict[str, Any] = {"pfc": None}
+        try:
+            if pfc_on:
+                started = self.request({"cmd": "pfc", "config": config})
+                # the controller's child: recorded, so an interrupted run kills it by PID
+                self.fabric.record.add_pid(int(started["pid"]), "pfcd (the controller's)")
+            leaves0 = class_counts.leaf_counters(ends)
+            servers = self.start_servers(roce, pp, work)
+            tcp.start_servers()
+            window.sampler.start()
+            window.open()
+            d["ecn0"] = self.ecn_counters()
+            duration = float(pp["duration"])
+            tcp.start_clients(duration)
+            clients = self.run_clients(name, roce, pp, work)
+            tcp.wait(timeout_s=duration + 15)
+            d["t_end"] = time.monotonic() - window.sampler.t0
+            window.close()
+            d["ecn1"] = self.ecn_counters()
+            for s in servers:
+                s.send_signal(signal.SIGTERM)
+            for s in servers:
+                s.wait(timeout=10)
+            if pfc_on:
+                d["pfc"] = self.request({"cmd": "pfc", "off": True}).get("counters")
+                pfc_on = False
+            d["leaves"] = class_counts.delta(leaves0, class_counts.leaf_counters(ends))
+        finally:
+            for p in [*servers, *(c for _, c in clients)]:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            tcp.stop()
+            if pfc_on:
+                self.request({"cmd": "pfc", "off": True})
+            window.sampler.stop()
+        tcp.collect()
+        return d
 
     def start_servers(self, flows: list[RoceFlow], pp: dict[str, Any],
                       work: Path) -> list[subprocess.Popen]:
