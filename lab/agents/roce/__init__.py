@@ -16,3 +16,5 @@ LIBRARY = tuple(DIR / name for name in ("wire.c", "qp.c", "dcqcn.c"))
 HOST = DIR / "host.c"
 #: ``roce_bw``, perftest's ``ib_write_bw`` on the transport.
 ROCE_BW = (*LIBRARY, HOST, DIR / "roce_bw.c")
+#: ``roce_ring``, one rank of a ring All-Reduce on the transport.
+ROCE_RING = (*LIBRARY, HOST, DIR / "roce_ring.c")
