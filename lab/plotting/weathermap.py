@@ -26,6 +26,8 @@ from typing import Any
 from lab.plotting.plots import UTIL_CMAP, UTIL_LABEL, Skipped, Spec, spec_name, spec_title
 from lab.plotting.sections import Section, dict_of, dicts_of, num
 
+#: The priority whose pauses are drawn: the lossless class's (controllers.classes).
+PFC_PRIORITY = "3"
 #: Tiers bottom to top: (rank, label). A node's tier is its role in the result's topology.
 SWITCH_TIERS = {"leaf": (1, "leaves"), "edge": (1, "edge switches"),
                 "agg": (2, "aggregation"), "spine": (3, "spines"), "core": (3, "core")}
@@ -57,6 +59,7 @@ class Arc:
     drops: int = 0
     ce: int = 0
     tx_bytes: int = 0
+    paused_s: float = 0.0       # PFC held this direction's lossless class (pfcd's counter)
 
 
 @dataclass
@@ -182,6 +185,23 @@ def arcs_of(fabric: Fabric, links: list[dict[str, Any]]) -> list[Arc]:
     return arcs
 
 
+def with_pauses(arcs: list[Arc], details: dict[str, Any]) -> list[Arc]:
+    """The arcs with the time PFC paused each one's egress port (``details["pfc"]``: pfcd's
+    counters for the lossless priority, kept in a phase's details by kinds that run PFC)."""
+    import dataclasses
+    pfc = dict_of(details.get("pfc"))
+    paused = {}
+    for port in dicts_of(pfc.get("ports")):
+        prio = dict_of(dict_of(port.get("priorities")).get(PFC_PRIORITY))
+        ns = num(prio.get("paused_ns")) or 0
+        if ns and prio.get("pause_frames_rx"):
+            paused[str(port.get("dev"))] = ns / 1e9
+    if not paused:
+        return arcs
+    return [dataclasses.replace(a, paused_s=paused.get(f"{a.src}-eth{a.port}", 0.0))
+            if a.port is not None else a for a in arcs]
+
+
 def _heat(a: Arc) -> tuple[float, float]:
     """Mean utilisation, then bytes for the rate: ``util_mean`` is rounded, the bytes are not."""
     return (a.util_pct or 0.0, a.tx_bytes / a.bw_mbps if a.bw_mbps else 0.0)
@@ -280,7 +300,7 @@ def weathermap_spec(sec: Section, result: dict[str, Any],
         return Skipped(name, "the result has no topology to draw")
     if not fabric.cables:
         return Skipped(name, "the result's topology has no links")
-    arcs = arcs_of(fabric, sec.links)
+    arcs = with_pauses(arcs_of(fabric, sec.links), sec.details)
     measured = [a for a in arcs if a.util_pct is not None]
     if not measured:
         return Skipped(name, f"{sec.label}: no link has counters")
@@ -291,6 +311,8 @@ def weathermap_spec(sec: Section, result: dict[str, Any],
     drops = sum(a.drops for a in arcs)
     marks = sum(a.ce for a in arcs)
     tied = as_hot(arcs, top) if top else []
+    paused = [f"{_link_name(a, arcs)} {a.paused_s:.2f} s"
+              for a in sorted(arcs, key=lambda x: -x.paused_s) if a.paused_s]
     top_text = (f"{_link_name(top, arcs)} at {top.util_pct:.0f} % mean"
                 + (f" (as hot: {', '.join(_link_name(a, arcs) for a in tied)})" if tied else "")
                 if top else "no link sent anything")
@@ -312,6 +334,9 @@ def weathermap_spec(sec: Section, result: dict[str, Any],
                 + (f"Drops: {drops:,} ({'; '.join(where[:4])}"
                    f"{', …' if len(where) > 4 else ''}). " if drops else "No drops. ")
                 + (f"CE marks: {marks:,}. " if marks else "")
+                + (f"PFC paused {len(paused)} ports' lossless class (pause sign, seconds): "
+                   f"{'; '.join(paused[:4])}{', …' if len(paused) > 4 else ''}. "
+                   if paused else "")
                 + (f"Dotted blue: the {len(tunnels)} directions that are tunnels between "
                    "machines. " if tunnels else "")
                 + (f"Drawn as paths: {group.label}." if group and group.paths else
@@ -433,7 +458,8 @@ def _draw_map(fig: Any, fabric: Fabric, arcs: list[Arc], top: Arc | None,
 def _mark_drops_and_ce(ax: Any, arcs: list[Arc],
                        pos: dict[str, tuple[float, float]]) -> list[Any]:
     """A cross with the count on every arc that dropped, a diamond on every one that
-    marked CE; their legend entries."""
+    marked CE, a pause sign with the seconds on every one PFC paused; their legend
+    entries."""
     from matplotlib.lines import Line2D
     handles: list[Any] = []
     for a in arcs:
@@ -450,6 +476,15 @@ def _mark_drops_and_ce(ax: Any, arcs: list[Arc],
                     zorder=5)
             ax.annotate(f"{a.ce:,} CE", (x, y), xytext=(5, -8), textcoords="offset points",
                         fontsize=6.5, color="#a65c00", zorder=6)
+    for a in arcs:
+        if a.paused_s:
+            x, y = _mid(pos[a.src], pos[a.dst], arc_rad(a, pos))
+            ax.plot([x], [y], marker="$\u2016$", ms=9, color="#6a1b9a", zorder=5)
+            ax.annotate(f"{a.paused_s:.1f} s", (x, y), xytext=(-22, 3),
+                        textcoords="offset points", fontsize=6.5, color="#6a1b9a", zorder=6)
+    if any(a.paused_s for a in arcs):
+        handles.append(Line2D([], [], marker="$\u2016$", ls="", color="#6a1b9a",
+                              label="PFC paused (s)"))
     if any(a.drops for a in arcs):
         handles.append(Line2D([], [], marker="X", ls="", color="#d00000",
                               label="drops (count)"))

@@ -100,3 +100,16 @@ def test_compare_draws_the_kinds_plots_in_pairs(hol_run: Path, index: dict,
     text = out.read_text()
     for name in OWN:
         assert text.count(f"id='plot-{name}'") == 2, name
+
+
+def test_the_weathermap_marks_the_paused_ports(hol_run: Path, index: dict) -> None:
+    """Phase pfc's weathermap names PFC's paused ports with their seconds, the longest
+    first, as pfcd counted them; phase alone's (no PFC) names none."""
+    plots = {p["name"]: p for p in index["plots"]}
+    details = result_of(hol_run)["phase_details"]
+    prio = {p["dev"]: p["priorities"]["3"] for p in details["pfc"]["pfc"]["ports"]}
+    paused = [c["paused_ns"] / 1e9 for c in prio.values() if c["pause_frames_rx"]]
+    caption = plots["weathermap-pfc"]["caption"]
+    assert f"PFC paused {len(paused)} ports' lossless class" in caption
+    assert f"{max(paused):.2f} s" in caption
+    assert "PFC paused" not in plots["weathermap-alone"]["caption"]
