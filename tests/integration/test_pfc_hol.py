@@ -28,8 +28,9 @@ from tests.integration.support import fabriclab, phase, result_of
 
 #: The victim under PFC: below this share of its rate alone.
 HOL_SHARE = 0.70
-#: TCP in the lossy class under PFC: at least this share of its rate without PFC.
-OTHER_CLASS_KEPT = 0.8
+#: What h5's lossy class sends while its lossless class is paused, as a share of the NIC's
+#: rate (measured 0.80: 19.9 of 25 Mbit/s; the paused class still gets its leak).
+OTHER_CLASS_KEPT = 0.5
 #: ECN + DCQCN cuts the time ports spend paused by at least this factor ...
 PAUSE_CUT = 5.0
 #: ... and the victim is back within this share of its rate alone.
@@ -123,9 +124,14 @@ def test_dcqcn_cuts_the_pauses_and_the_victim_recovers(hol: dict) -> None:
 
 
 def test_the_lossy_class_keeps_flowing_through_paused_ports(hol: dict) -> None:
-    """PFC pauses one priority: bulk TCP from h5 (whose NIC's lossless class was paused) to
-    h3 runs in the lossy class at about its rate without PFC."""
-    lossy, pfc = phase(hol, "lossy")["groups"]["bulk"], phase(hol, "pfc")["groups"]["bulk"]
-    assert pfc["transport"] == "tcp" and lossy["goodput_bps"] > 0
-    assert pfc["goodput_bps"] >= OTHER_CLASS_KEPT * lossy["goodput_bps"], (pfc, lossy)
-    assert "h5-eth0" in phase(hol, "pfc")["pause_tree"]["paused_ns"]
+    """PFC pauses one priority: while h5's NIC's lossless class was held, its lossy class
+    (the bulk TCP flow to h3) kept sending - pfcd counts the port's other classes' bytes
+    over exactly the paused time - at most of the NIC's rate."""
+    pfc = phase(hol, "pfc")
+    assert pfc["groups"]["bulk"]["transport"] == "tcp" and pfc["groups"]["bulk"]["goodput_bps"]
+    h5 = next(p["priorities"]["3"] for p in hol["phase_details"]["pfc"]["pfc"]["ports"]
+              if p["dev"] == "h5-eth0")
+    assert h5["paused_ns"] > 0
+    rate_bps = h5["other_bytes_while_paused"] * 8 / (h5["paused_ns"] / 1e9)
+    nic_bps = hol["topology"]["params"]["host_bw"] * 1e6
+    assert rate_bps >= OTHER_CLASS_KEPT * nic_bps, (rate_bps, nic_bps)
