@@ -10,10 +10,10 @@ import pytest
 from lab.model.result import validate
 from tests.integration.support import phase, result_of
 
-#: Jain's index over the QPs' rates from 2 s after the last join: measured 0.91-0.93 (the
-#: newest keeps ~1.6x the others': docs in the lesson); equal shares would be 1, one QP
-#: holding everything 0.25.
-JAIN_MIN = 0.85
+#: Jain's index over the QPs' rates from 2 s after the last join to the end (9 s): measured
+#: 0.91-0.99 in three runs (the newest often keeps more: the lesson says why); equal shares
+#: would be 1, one QP holding everything 0.25.
+JAIN_MIN = 0.8
 #: The rates' sum against the port's rate in RoCE payload (the DCQCN rate counts wire bits).
 SUM_TOL = 0.15
 
