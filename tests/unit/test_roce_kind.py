@@ -30,6 +30,7 @@ from lab.model.flows import ROCE_UDP_PORT
     (["flows=[{group: a, from: [h5], to: h1, transport: tcp, start_s: 1}]"],
      "flows[0].start_s"),
     (["baseline=nope"], "baseline"),
+    (["pfc.priority=4"], "pfc.priority"),                      # no class on priority 4
     (["phases.alone.flows=[{group: a, from: [h2], to: h99}]"], "phases.alone.flows[0].to"),
     (["topology.link_delay_ms=1"], "topology.link_delay_ms"),
 ])

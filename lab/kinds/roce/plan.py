@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controllers import pfc
-from controllers.classes import TrafficClasses
+from controllers.classes import LOSSLESS_PRIORITY, TrafficClasses
 from controllers.marking import Marking
 from lab.model.errors import ScenarioError
 from lab.model.flows import BASE_DPORT, FIXED_SPORTS, ROCE_UDP_PORT, FlowSpec
@@ -63,6 +63,8 @@ SCHEMA: dict[str, Param] = {
     "roce.tx_depth": Param(int, 1, 256),
     "roce.rto_ms": Param(float, 0.1, 10_000),
     "pfc.enabled": Param(bool),
+    # the 802.1p priority PFC acts on: it must be the lossless class's
+    "pfc.priority": Param(int, 0, 7),
     "pfc.xoff_bytes": Param(int, -(1 << 31), 1 << 31),
     "pfc.xon_bytes": Param(int, -(1 << 31), 1 << 31),
     "pfc.poll_us": Param(int, 100, 100_000),
@@ -82,8 +84,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # ib_write_bw's, 8 MB a QP, far beyond a 50 Mbit/s port's buffer)
     "roce": {"cc": "none", "mtu": 1024, "size_bytes": 65536, "tx_depth": 16,
              "rto_ms": 64.0},
-    "pfc": {"enabled": False, "xoff_bytes": 30_000, "xon_bytes": 15_000, "poll_us": 1000,
-            "pause_pct": 5.0},
+    "pfc": {"enabled": False, "priority": LOSSLESS_PRIORITY, "xoff_bytes": 30_000,
+            "xon_bytes": 15_000, "poll_us": 1000, "pause_pct": 5.0},
     "ecn": {"marking": "off", "kmin_bytes": 5_000, "kmax_bytes": 20_000, "pmax": 0.2},
 }
 
@@ -259,6 +261,10 @@ def check_pfc(topo_desc: dict[str, Any], pp: dict[str, Any],
     takes effect (``controllers.pfc.headroom_bytes``, summed over the feeders: the pause is
     triggered on the egress queue, which all of them fill)."""
     p = pp["pfc"]
+    if p["priority"] != LOSSLESS_PRIORITY:
+        raise ScenarioError(f("pfc.priority"), f"priority {p['priority']} carries no traffic "
+                            f"class: the lossless class (RoCE) is priority "
+                            f"{LOSSLESS_PRIORITY}, and pausing another would hold nothing")
     limit = pp["classes"]["lossless_bytes"]
     reaction = REACTION_POLLS * p["poll_us"] / 1e6
     for port in watched_ports(topo_desc):
