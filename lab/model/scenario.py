@@ -331,3 +331,26 @@ def field_namer(name: str, over: dict[str, Any]) -> Callable[[str], str]:
             node = node[part]
         return f"phases.{name}.{key}"
     return field
+
+
+def with_defaults(params: dict[str, Any], defaults: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A phased kind's scenario values over its ``defaults``, section by section (phases
+    excluded): what every phase starts from."""
+    out = {k: v for k, v in copy.deepcopy(params).items() if k != "phases"}
+    for section, values in defaults.items():
+        out[section] = {**values, **out.get(section, {})}
+    return out
+
+
+def phases_over(base: dict[str, Any], params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{phase name: ``base`` with the phase's overrides}, in the scenario's order; one phase
+    ``run`` when the scenario has none. A phase's overrides must be a mapping."""
+    phases = params.get("phases") or {"run": {}}
+    if not isinstance(phases, dict):
+        raise ScenarioError("phases", "expected a mapping of phase name to overrides")
+    out = {}
+    for name, over in phases.items():
+        if not isinstance(over, dict | type(None)):
+            raise ScenarioError(f"phases.{name}", "expected a mapping of overrides")
+        out[str(name)] = deep_update(copy.deepcopy(base), over or {})
+    return out

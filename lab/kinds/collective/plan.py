@@ -15,7 +15,6 @@ marker and, for incast, on the wire at the receiver. Mechanism: ``lab.kinds.coll
 
 from __future__ import annotations
 
-import copy
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ from lab.kinds.collective import beside
 from lab.machine import environment
 from lab.model.errors import MachineError, ScenarioError
 from lab.model.flows import FlowSpec
-from lab.model.scenario import Param, deep_update, field_namer
+from lab.model.scenario import Param, field_namer, phases_over, with_defaults
 from lab.model.topodesc import check_fabric, edge_switches, hosts_of
 
 RING_PORT = 7100          # rank r listens on RING_PORT + r
@@ -153,25 +152,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 def merged(params: dict[str, Any]) -> dict[str, Any]:
     """The scenario's values over the defaults, section by section (phases excluded)."""
-    out = {k: v for k, v in copy.deepcopy(params).items() if k != "phases"}
-    for section, values in DEFAULTS.items():
-        out[section] = {**values, **out.get(section, {})}
+    out = with_defaults(params, DEFAULTS)
     out.setdefault("sample_hz", 25.0)
     return out
 
 
 def phase_params(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """{phase name: its full parameters}, in the scenario's order (one phase if none)."""
-    base = merged(params)
-    phases = params.get("phases") or {"run": {}}
-    if not isinstance(phases, dict):
-        raise ScenarioError("phases", "expected a mapping of phase name to overrides")
-    out = {}
-    for name, over in phases.items():
-        if not isinstance(over, dict | type(None)):
-            raise ScenarioError(f"phases.{name}", "expected a mapping of overrides")
-        out[str(name)] = deep_update(copy.deepcopy(base), over or {})
-    return out
+    return phases_over(merged(params), params)
 
 
 # -- checks: everything a phase needs, before anything starts ----------------------------

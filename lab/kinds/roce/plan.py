@@ -16,7 +16,6 @@ carry.
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from controllers.classes import LOSSLESS_PRIORITY, TrafficClasses
 from controllers.marking import Marking
 from lab.model.errors import ScenarioError
 from lab.model.flows import BASE_DPORT, FIXED_SPORTS, ROCE_UDP_PORT, FlowSpec
-from lab.model.scenario import Param, deep_update, field_namer
+from lab.model.scenario import Param, field_namer, phases_over, with_defaults
 from lab.model.topodesc import check_fabric
 
 #: What a flow group runs: RoCE QPs (the lossless class), or TCP (iperf3, cubic) in the
@@ -104,26 +103,9 @@ class RoceFlow:
         return self.flow
 
 
-def merged(params: dict[str, Any]) -> dict[str, Any]:
-    """The scenario's values over the defaults, section by section (phases excluded)."""
-    out = {k: v for k, v in copy.deepcopy(params).items() if k != "phases"}
-    for section, values in DEFAULTS.items():
-        out[section] = {**values, **out.get(section, {})}
-    return out
-
-
 def phase_params(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """{phase name: its full parameters}, in the scenario's order (one phase if none)."""
-    base = merged(params)
-    phases = params.get("phases") or {"run": {}}
-    if not isinstance(phases, dict):
-        raise ScenarioError("phases", "expected a mapping of phase name to overrides")
-    out = {}
-    for name, over in phases.items():
-        if not isinstance(over, dict | type(None)):
-            raise ScenarioError(f"phases.{name}", "expected a mapping of overrides")
-        out[str(name)] = deep_update(copy.deepcopy(base), over or {})
-    return out
+    return phases_over(with_defaults(params, DEFAULTS), params)
 
 
 def classes_of(pp: dict[str, Any], host_port: bool = False,
