@@ -33,6 +33,9 @@ from lab.model.flows import ROCE_UDP_PORT
     (["pfc.priority=4"], "pfc.priority"),                      # no class on priority 4
     (["phases.alone.flows=[{group: a, from: [h2], to: h99}]"], "phases.alone.flows[0].to"),
     (["topology.link_delay_ms=1"], "topology.link_delay_ms"),
+    # 20 hosts a leaf: more feeders of a port than pfcd's table holds
+    (["topology.hosts_per_leaf=20", "classes.lossless_bytes=400000"],
+     "phases.pfc.pfc.enabled"),
 ])
 def test_bad_input_names_the_key(sets: list[str], field: str) -> None:
     with pytest.raises(ScenarioError) as err:

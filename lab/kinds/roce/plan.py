@@ -263,6 +263,35 @@ def check_pfc(topo_desc: dict[str, Any], pp: dict[str, Any],
             name = {"xoff_bytes": "pfc.xoff_bytes", "xon_bytes": "pfc.xon_bytes"}.get(
                 key, "classes.lossless_bytes")
             raise ScenarioError(f(name), f"{port['dev']}: {why}") from None
+    # the whole configuration as pfcd will get it, a host's namespace by its name: what
+    # pfcd's fixed tables hold (namespaces, ports, feeders) is refused here, not at start
+    switches = {s["name"] for s in topo_desc["switches"]}
+    try:
+        pfc.PfcConfig.from_dict(pfc_config(topo_desc, pp,
+                                           lambda n: "-" if n in switches else n))
+    except ValueError as exc:
+        raise ScenarioError(f("pfc.enabled"), f"pfcd cannot take this fabric: {exc}") from None
+
+
+def pfc_config(topo_desc: dict[str, Any], pp: dict[str, Any],
+               ns_of: Callable[[str], str]) -> dict[str, Any]:
+    """pfcd's configuration (``controllers.pfc``'s JSON form): every switch port watched
+    with the phase's XOFF and XON, each of its feeders paused at ``pfc.pause_pct`` of its
+    link; ``ns_of`` names a node's network namespace as pfcd opens it."""
+    p, w = pp["pfc"], pp["classes"]["weight"]
+    ports = []
+    for port in watched_ports(topo_desc):
+        feeders = [{"ns": ns_of(f["node"]), "dev": f["dev"],
+                    "rate_bps": int(w * f["bw_mbps"] * 1e6),
+                    "ceil_bps": int(f["bw_mbps"] * 1e6),
+                    "pause_bps": int(f["bw_mbps"] * 1e6 * p["pause_pct"] / 100)}
+                   for f in port["feeders"]]
+        ports.append({"ns": ns_of(port["node"]), "dev": port["dev"],
+                      "prio": p["priority"], "xoff_bytes": p["xoff_bytes"],
+                      "xon_bytes": p["xon_bytes"], "feeders": feeders})
+    slowest = min(ln["bw_mbps"] for ln in topo_desc["links"])
+    return {"poll_us": p["poll_us"], "ports": ports,
+            "pause_bps": int(slowest * 1e6 * p["pause_pct"] / 100)}
 
 
 def watched_ports(topo_desc: dict[str, Any]) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from controllers import cbuild
-from controllers.classes import LOSSLESS_PRIORITY, ROCE_DSCP
+from controllers.classes import ROCE_DSCP
 from lab.agents import roce as roce_agent
 from lab.kinds.base import PhaseCounts, Plan, Progress, bring_up
 from lab.kinds.roce import metrics
@@ -118,22 +118,8 @@ class RoceRun:
         return "-"
 
     def pfc_config(self, pp: dict[str, Any]) -> dict[str, Any]:
-        """pfcd's configuration (``controllers.pfc``): every switch port watched, each
-        of its feeders paused at ``pfc.pause_pct`` of its link."""
-        p, w = pp["pfc"], pp["classes"]["weight"]
-        ports = []
-        for port in planning.watched_ports(self.topo):
-            feeders = [{"ns": self.ns_of(f["node"]), "dev": f["dev"],
-                        "rate_bps": int(w * f["bw_mbps"] * 1e6),
-                        "ceil_bps": int(f["bw_mbps"] * 1e6),
-                        "pause_bps": int(f["bw_mbps"] * 1e6 * p["pause_pct"] / 100)}
-                       for f in port["feeders"]]
-            ports.append({"ns": "-", "dev": port["dev"], "prio": LOSSLESS_PRIORITY,
-                          "xoff_bytes": p["xoff_bytes"], "xon_bytes": p["xon_bytes"],
-                          "feeders": feeders})
-        slowest = min(ln["bw_mbps"] for ln in self.topo["links"])
-        return {"poll_us": p["poll_us"], "ports": ports,
-                "pause_bps": int(slowest * 1e6 * p["pause_pct"] / 100)}
+        """pfcd's configuration for this fabric, hosts by their shells' namespaces."""
+        return planning.pfc_config(self.topo, pp, self.ns_of)
 
     def set_marking(self, pp: dict[str, Any]) -> dict[str, Any] | None:
         """RED-like marking of every switch port (the lossless class's queue is the
