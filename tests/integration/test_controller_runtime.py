@@ -295,7 +295,7 @@ def test_control_errors_and_unknown_switches(runtime: str, fabric: Fabric,
     assert ctl.request(b"[1]") == {"ok": False, "error": "bad request: expected a JSON object"}
     assert ctl.request({"cmd": "reboot"}) == {
         "ok": False,
-        "error": "unknown cmd 'reboot' (known: status, watch, pin, jobs, ecn, ecn_stats)"}
+        "error": "unknown cmd 'reboot' (known: status, watch, pin, jobs, ecn, ecn_stats, pfc)"}
     # hash5 cannot be told which job a flow is: one line saying so, nothing changed
     jobs = ctl.request({"cmd": "jobs", "flows": []})
     assert jobs["ok"] is False and "not job-aware" in jobs["error"], jobs
