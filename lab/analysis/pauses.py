@@ -15,11 +15,34 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from controllers.classes import LOSSLESS_PRIORITY
 from lab.model.flowpaths import adjacency
 from lab.model.flows import ROCE_UDP_PORT
 
-#: The 802.1p priority PFC is read on: the lossless class's (controllers.classes).
-PRIORITY = "3"
+#: The 802.1p priority PFC is read on: the lossless class's, as pfcd's JSON keys it.
+PRIORITY = str(LOSSLESS_PRIORITY)
+
+
+def lossless_counters(pfc: Any) -> dict[str, dict[str, Any]]:
+    """{port: pfcd's counters for the lossless priority} (``pfc``: pfcd's JSON, None when
+    PFC did not run). The one reader of that JSON's shape: the kind's metrics, its plots
+    and the weathermap go through it, and a result file of another shape reads as no
+    counters rather than an error (the report draws what it can)."""
+    ports = pfc.get("ports") if isinstance(pfc, dict) else None
+    out: dict[str, dict[str, Any]] = {}
+    for p in ports if isinstance(ports, list) else []:
+        if isinstance(p, dict):
+            prio = p.get("priorities")
+            c = prio.get(PRIORITY) if isinstance(prio, dict) else None
+            out[str(p.get("dev"))] = c if isinstance(c, dict) else {}
+    return out
+
+
+def paused_ns(pfc: Any) -> dict[str, int]:
+    """{port: nanoseconds its lossless class was held} for every port PFC paused (it
+    received PAUSE), in port order."""
+    return {d: int(c.get("paused_ns") or 0) for d, c in sorted(lossless_counters(pfc).items())
+            if c.get("pause_frames_rx")}
 
 
 def pause_tree(pfc: dict[str, Any] | None, feeds: dict[str, list[str]]) -> dict[str, Any]:
@@ -27,9 +50,9 @@ def pause_tree(pfc: dict[str, Any] | None, feeds: dict[str, list[str]]) -> dict[
     pfcd's counters (``pfc``, None when PFC did not run); every port by its device name."""
     if not pfc:
         return {"roots": [], "hops": {}, "paused_ns": {}, "max_hops": 0}
-    prio = {p["dev"]: p["priorities"].get(PRIORITY, {}) for p in pfc.get("ports", [])}
-    sent = {d for d, c in prio.items() if c.get("pause_frames_tx", 0)}
-    paused = {d for d, c in prio.items() if c.get("pause_frames_rx", 0)}
+    held = paused_ns(pfc)
+    sent = {d for d, c in lossless_counters(pfc).items() if c.get("pause_frames_tx")}
+    paused = set(held)
     roots = sorted(sent - paused)
     hops: dict[str, int] = {r: 0 for r in roots}
     frontier = list(roots)
@@ -42,7 +65,7 @@ def pause_tree(pfc: dict[str, Any] | None, feeds: dict[str, list[str]]) -> dict[
                     upstream.append(f)
         frontier = upstream
     return {"roots": roots, "hops": hops, "max_hops": max(hops.values(), default=0),
-            "paused_ns": {d: prio[d].get("paused_ns", 0) for d in sorted(paused)}}
+            "paused_ns": held}
 
 
 def flow_ports(flow: dict[str, Any], topo: dict[str, Any]) -> list[str]:

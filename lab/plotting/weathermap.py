@@ -20,14 +20,13 @@ import importlib.util
 import itertools
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from lab.analysis import pauses
 from lab.plotting.plots import UTIL_CMAP, UTIL_LABEL, Skipped, Spec, spec_name, spec_title
 from lab.plotting.sections import Section, dict_of, dicts_of, num
 
-#: The priority whose pauses are drawn: the lossless class's (controllers.classes).
-PFC_PRIORITY = "3"
 #: Tiers bottom to top: (rank, label). A node's tier is its role in the result's topology.
 SWITCH_TIERS = {"leaf": (1, "leaves"), "edge": (1, "edge switches"),
                 "agg": (2, "aggregation"), "spine": (3, "spines"), "core": (3, "core")}
@@ -188,17 +187,10 @@ def arcs_of(fabric: Fabric, links: list[dict[str, Any]]) -> list[Arc]:
 def with_pauses(arcs: list[Arc], details: dict[str, Any]) -> list[Arc]:
     """The arcs with the time PFC paused each one's egress port (``details["pfc"]``: pfcd's
     counters for the lossless priority, kept in a phase's details by kinds that run PFC)."""
-    import dataclasses
-    pfc = dict_of(details.get("pfc"))
-    paused = {}
-    for port in dicts_of(pfc.get("ports")):
-        prio = dict_of(dict_of(port.get("priorities")).get(PFC_PRIORITY))
-        ns = num(prio.get("paused_ns")) or 0
-        if ns and prio.get("pause_frames_rx"):
-            paused[str(port.get("dev"))] = ns / 1e9
+    paused = {d: ns / 1e9 for d, ns in pauses.paused_ns(details.get("pfc")).items() if ns}
     if not paused:
         return arcs
-    return [dataclasses.replace(a, paused_s=paused.get(f"{a.src}-eth{a.port}", 0.0))
+    return [replace(a, paused_s=paused.get(f"{a.src}-eth{a.port}", 0.0))
             if a.port is not None else a for a in arcs]
 
 

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from controllers.classes import LOSSLESS_LEAF, LOSSLESS_PRIORITY, LOSSY_LEAF
+from controllers.classes import LOSSLESS_LEAF, LOSSY_LEAF
 from lab.analysis import pauses
 from lab.kinds.base import PhaseCounts, Plan, phased_part
 from lab.kinds.roce.plan import RoceFlow
-
-_PRIO = str(LOSSLESS_PRIORITY)
 
 
 def flow_result(out: dict[str, Any]) -> dict[str, Any]:
@@ -89,23 +87,21 @@ def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, 
     outputs = details["transport"]
     groups: dict[str, dict[str, Any]] = {}
     for f in flows:
-        # a TCP flow's numbers are iperf3's (lab.workloads.traffic), in flow_result's fields
-        r = f.flow.result
-        o = outputs.get(f.flow.id) or {"goodput_mbps": r.get("goodput_bps", 0) / 1e6,
-                                        "totals": {"retransmitted_packets":
-                                                   r.get("retransmits", 0)}}
+        # goodput and retransmits are every flow's result (flow_result's for a QP, iperf3's
+        # for TCP); the NIC's own counters only a QP has
+        r, o = f.flow.result, outputs.get(f.flow.id) or {}
         t, resp = o.get("totals") or {}, o.get("responder") or {}
         g = groups.setdefault(f.group, {"transport": f.transport, "qps": 0,
                                         "goodput_bps": 0.0, "retransmitted": 0, "naks": 0,
                                         "timeouts": 0, "cnps": 0, "ce": 0,
                                         "offered_bps": 0.0, "qp_errors": [],
                                         "per_qp_bps": {}})
-        bps = float(o.get("goodput_mbps") or 0.0) * 1e6
+        bps = float(r.get("goodput_bps") or 0.0)
         g["qps"] += 1
         g["goodput_bps"] += bps
         g["offered_bps"] += f.flow.rate_bps
         g["per_qp_bps"][f.flow.id] = round(bps)
-        g["retransmitted"] += int(t.get("retransmitted_packets", 0))
+        g["retransmitted"] += int(r.get("retransmits") or 0)
         g["naks"] += int(t.get("naks_received", 0))
         g["timeouts"] += int(t.get("rto_events", 0))
         g["cnps"] += int(t.get("cnps_received", 0))
@@ -124,8 +120,8 @@ def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, 
         "lossless_drops": sum(lossless.values()), "lossless_drops_by_port": lossless,
         "lossy_drops": sum(lossy.values()),
         "pause_time_s": round(sum(tree["paused_ns"].values()) / 1e9, 4),
-        "pause_frames": sum(p["priorities"].get(_PRIO, {}).get("pause_frames_tx", 0)
-                            for p in pfc.get("ports", [])),
+        "pause_frames": sum(c.get("pause_frames_tx", 0)
+                            for c in pauses.lossless_counters(pfc).values()),
         "pause_tree": tree,
         "ce_marked": sum(ln.get("ce_marked", 0) for ln in details["links"]),
         "pfcd_cpu_per_s": (pfc.get("cpu") or {}).get("per_s"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from controllers.classes import LOSSLESS_PRIORITY
+from lab.analysis import pauses
 from lab.plotting.plots import Skipped, Spec, spec_name, spec_title
 from lab.plotting.sections import Section, dict_of, dicts_of, num
 
@@ -28,7 +28,6 @@ STYLES = ("-", "--", ":", "-.")
 MAX_QP_LEGEND = 8
 #: The pause tree's colours by hop: the root hottest, the far ends coolest.
 HOP_COLOURS = ("#b2182b", "#ef8a62", "#f4c542", "#67a9cf", "#2166ac", "#5e3c99")
-_PRIO = str(LOSSLESS_PRIORITY)
 
 
 def group_colours(groups: list[str]) -> dict[str, str]:
@@ -212,9 +211,8 @@ def port_label(dev: str, links: list[dict[str, Any]]) -> str:
 
 def pause_frames_sent(sec: Section) -> dict[str, int]:
     """PAUSE frames each port sent for the lossless priority, from pfcd's counters."""
-    return {str(p.get("dev")): int(num(dict_of(dict_of(p.get("priorities")).get(_PRIO))
-                                       .get("pause_frames_tx")) or 0)
-            for p in dicts_of(dict_of(sec.details.get("pfc")).get("ports"))}
+    return {dev: int(num(c.get("pause_frames_tx")) or 0)
+            for dev, c in pauses.lossless_counters(sec.details.get("pfc")).items()}
 
 
 def pause_tree_spec(sec: Section) -> Spec | Skipped:
@@ -230,7 +228,8 @@ def pause_tree_spec(sec: Section) -> Spec | Skipped:
     labels = [f"hop {'?' if p.hop is None else p.hop} · {port_label(p.dev, sec.links)}"
               for p in ports]
     vmax = max(p.paused_s for p in ports)
-    title = spec_title(f"PFC pause tree: time paused per port (priority {_PRIO})", sec)
+    title = spec_title(f"PFC pause tree: time paused per port (priority {pauses.PRIORITY})",
+                       sec)
     length = num(sec.duration_s)
 
     def colour(p: PausedPort) -> str:
