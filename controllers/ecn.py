@@ -24,6 +24,7 @@ Pure stdlib: imported by the controller (os-ken and Ryu 4.34) and by the lab.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import struct
@@ -374,27 +375,44 @@ def red_args(port: PortQueue, marking: Marking) -> list[str]:
             "bandwidth", _rate_arg(port.rate_bps), "ecn"]
 
 
-def _leaf(intf: str) -> list[str]:
-    return ["dev", intf, "parent", "1:1", "handle", QUEUE_HANDLE]
+#: The class a lab port's queue hangs from in its single-FIFO layout (lab/net/links.py).
+LEAF_PARENT = "1:1"
 
 
-def red_commands(port: PortQueue, marking: Marking | None,
-                 current: Marking | None) -> list[list[str]]:
-    """tc commands taking the leaf from ``current`` (None: bfifo) to ``marking``.
+def _leaf(intf: str, parent: str) -> list[str]:
+    return ["dev", intf, "parent", parent, "handle", QUEUE_HANDLE]
+
+
+def leaf_of(qdiscs: list[dict[str, Any]], intf: str) -> tuple[str, int | None]:
+    """Where the port's queue ``10:`` hangs and its byte limit (None: not a bfifo), from
+    ``tc -j qdisc show dev X``. A port with traffic classes (controllers/classes.py) has it
+    under its lossless class, with that class's limit, not under ``1:1``: RED takes the
+    leaf's place, and the bfifo comes back, where and as it was."""
+    for q in qdiscs:
+        if q.get("handle") == QUEUE_HANDLE and q.get("parent"):
+            limit = (q.get("options") or {}).get("limit") if q.get("kind") == "bfifo" else None
+            return str(q["parent"]), int(limit) if isinstance(limit, int) else None
+    raise MarkerError(f"{intf}: no queue {QUEUE_HANDLE} (not a lab port?)")
+
+
+def red_commands(port: PortQueue, marking: Marking | None, current: Marking | None,
+                 parent: str = LEAF_PARENT) -> list[list[str]]:
+    """tc commands taking the leaf under ``parent`` from ``current`` (None: bfifo) to
+    ``marking``.
 
     The kernel refuses to replace a qdisc by one of another kind under the same handle,
     so bfifo <-> red is delete + add; red -> red is ``change``, which keeps RED's counters.
     """
-    intf = port.intf
+    leaf = _leaf(port.intf, parent)
     if marking is None:
         if current is None:
             return []
-        return [["tc", "qdisc", "del", *_leaf(intf)],
-                ["tc", "qdisc", "add", *_leaf(intf), "bfifo", "limit", str(port.limit_bytes)]]
+        return [["tc", "qdisc", "del", *leaf],
+                ["tc", "qdisc", "add", *leaf, "bfifo", "limit", str(port.limit_bytes)]]
     if current is None:
-        return [["tc", "qdisc", "del", *_leaf(intf)],
-                ["tc", "qdisc", "add", *_leaf(intf), *red_args(port, marking)]]
-    return [["tc", "qdisc", "change", *_leaf(intf), *red_args(port, marking)]]
+        return [["tc", "qdisc", "del", *leaf],
+                ["tc", "qdisc", "add", *leaf, *red_args(port, marking)]]
+    return [["tc", "qdisc", "change", *leaf, *red_args(port, marking)]]
 
 
 def parse_red_counters(qdiscs: list[dict[str, Any]], intf: str) -> dict[str, int]:
@@ -419,31 +437,45 @@ class RedMarker(Marker):
     def __init__(self, netns_pid: int | None = None) -> None:
         super().__init__(netns_pid)
         self._ports: dict[str, tuple[PortQueue, Marking]] = {}
+        #: Where each port's queue hangs, read when the marker first takes the port.
+        self._parents: dict[str, str] = {}
 
     def _set(self, port: PortQueue, marking: Marking | None) -> None:
         current = self._ports.get(port.intf)
+        if current is None and marking is not None:
+            # The leaf as the port has it: its parent, and its own limit for RED and for
+            # the bfifo put back (a lossless class's queue is not the port's size).
+            self._run.require(port.intf)
+            parent, limit = leaf_of(self._run.json(
+                port.intf, ["tc", "-j", "qdisc", "show", "dev", port.intf]), port.intf)
+            self._parents[port.intf] = parent
+            if limit is not None:
+                port = dataclasses.replace(port, limit_bytes=limit)
+        elif current is not None:
+            port = dataclasses.replace(port, limit_bytes=current[0].limit_bytes)
         if current == (port, marking) or (current is None and marking is None):
             return
-        cmds = red_commands(port, marking, current[1] if current else None)
+        parent = self._parents.get(port.intf, LEAF_PARENT)
+        cmds = red_commands(port, marking, current[1] if current else None, parent)
         self._run.require(port.intf)
         try:
             for cmd in cmds:
                 self._run.run(port.intf, cmd)
         except MarkerError:
-            self._recover(port)
+            self._recover(port, parent)
             raise
         if marking is None:
             del self._ports[port.intf]
         else:
             self._ports[port.intf] = (port, marking)
 
-    def _recover(self, port: PortQueue) -> None:
+    def _recover(self, port: PortQueue, parent: str) -> None:
         """After a failed delete + add: never leave the port without its bfifo leaf."""
         qdiscs = self._run.json(port.intf, ["tc", "-j", "qdisc", "show", "dev", port.intf])
         kind = next((q.get("kind") for q in qdiscs if q.get("handle") == QUEUE_HANDLE), None)
         if kind is None:
-            self._run.run(port.intf, ["tc", "qdisc", "add", *_leaf(port.intf), "bfifo",
-                                      "limit", str(port.limit_bytes)], check=False)
+            self._run.run(port.intf, ["tc", "qdisc", "add", *_leaf(port.intf, parent),
+                                      "bfifo", "limit", str(port.limit_bytes)], check=False)
         if kind != "red":
             self._ports.pop(port.intf, None)
 

@@ -129,6 +129,34 @@ def test_red_off_restores_the_bfifo() -> None:
     assert ecn.red_commands(PORT, None, None) == []
 
 
+#: ``tc -j qdisc show`` of a port with traffic classes (controllers/classes.py), as
+#: iproute2 6.1 prints it: the queue 10: hangs under the lossless class 1:10.
+CLASSES_PORT = [{"kind": "htb", "handle": "1:", "root": True, "options": {"default": "0x20"}},
+                {"kind": "bfifo", "handle": "10:", "parent": "1:10",
+                 "options": {"limit": 75000}},
+                {"kind": "bfifo", "handle": "20:", "parent": "1:20",
+                 "options": {"limit": 150000}}]
+
+
+def test_red_takes_the_leaf_where_it_hangs_with_its_own_limit() -> None:
+    """On a port with classes RED replaces the lossless class's queue (under 1:10, its
+    75 kB), and marking off puts that bfifo back there; the kernel refuses a qdisc under
+    the inner class 1:1 ("Invalid argument")."""
+    parent, limit = ecn.leaf_of(CLASSES_PORT, "leaf1-eth1")
+    assert (parent, limit) == ("1:10", 75000)
+    port = PortQueue("leaf1-eth1", 25_000_000, limit)
+    leaf = ["dev", "leaf1-eth1", "parent", "1:10", "handle", "10:"]
+    on = ecn.red_commands(port, Marking(2500, 10_000, 0.2), None, parent)
+    assert on[0] == ["tc", "qdisc", "del", *leaf]
+    assert on[1][:len(leaf) + 6] == ["tc", "qdisc", "add", *leaf, "red", "limit", "75000"]
+    assert ecn.red_commands(port, None, Marking(2500, 10_000, 0.2), parent)[1] == [
+        "tc", "qdisc", "add", *leaf, "bfifo", "limit", "75000"]
+    single = [{"kind": "bfifo", "handle": "10:", "parent": "1:1", "options": {"limit": 150000}}]
+    assert ecn.leaf_of(single, "p0") == ("1:1", 150000)
+    with pytest.raises(ecn.MarkerError, match="no queue 10:"):
+        ecn.leaf_of(CLASSES_PORT[:1], "p0")
+
+
 def test_red_rate_that_is_not_whole_mbit() -> None:
     args = ecn.red_args(PortQueue("p0", 2_500_000, 60_000), Marking.step(3000))
     assert args[args.index("bandwidth") + 1] == "2500000bit"
