@@ -9,6 +9,7 @@ from controllers.classes import LOSSLESS_CLASS, LOSSY_CLASS, TrafficClasses
 from lab import run
 from lab.analysis import pauses
 from lab.kinds.roce import plan
+from lab.model import lossless
 from lab.model.errors import ScenarioError
 from lab.model.flows import ROCE_UDP_PORT
 
@@ -60,7 +61,7 @@ def test_the_scenario_plans_one_qp_per_sender_and_phase() -> None:
 
 def test_every_switch_port_is_fed_by_the_far_ends_of_its_switchs_other_links() -> None:
     topo = run.check_input("pfc-hol", None, [], None, None).topo_desc
-    ports = {p["dev"]: p for p in plan.watched_ports(topo)}
+    ports = {p["dev"]: p for p in lossless.watched_ports(topo)}
     assert len(ports) == 2 * (4 + 2) + 2 * 2
     to_h1 = ports["leaf1-eth1"]
     assert to_h1["peer"] == "h1"

@@ -33,7 +33,7 @@ from lab.measure import headroom, telemetry
 from lab.measure.result import flow_entries
 from lab.measure.window import Window
 from lab.model.errors import MachineError
-from lab.net.links import set_port_layouts
+from lab.net.lossless import LosslessClass
 from lab.workloads.traffic import FlowRunner
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def on_fabric(plan: Plan, fabric: Fabric, progress: Progress,
     part of result.json."""
     loss = bring_up(plan, fabric, progress)
     run = RoceRun(plan, fabric, progress, binary)
-    run.classes_on()
+    run.lossless.classes_on(next(iter(planning.phase_params(plan.params).values())))
     phases = {}
     for name, pp in planning.phase_params(plan.params).items():
         progress(f"[{plan.policy_label}] phase {name}: {describe(pp)}")
@@ -83,6 +83,7 @@ class RoceRun:
         self.marked: set[str] = set()
         self.flows = [f for f in plan.flows if isinstance(f, RoceFlow)]
         self.hosts = {h["name"] for h in self.topo["hosts"]}
+        self.lossless = LosslessClass(fabric, self.topo, self.request)
 
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.fabric.controller is not None
@@ -90,36 +91,6 @@ class RoceRun:
         if not reply.get("ok", False):
             raise MachineError(msg["cmd"], str(reply.get("error")))
         return reply
-
-    # -- the ports -------------------------------------------------------------------------
-    def port_ends(self) -> list[tuple[Any, str, bool]]:
-        """Every shaped end of the fabric: (node, device, is a host's NIC)."""
-        ends = []
-        for ln in self.topo["links"]:
-            for n, p in ((ln["a"], ln["a_port"]), (ln["b"], ln["b_port"])):
-                node = self.fabric.host(n) if n in self.hosts else self.fabric.net.get(n)
-                ends.append((node, f"{n}-eth{p}", n in self.hosts))
-        return ends
-
-    def classes_on(self) -> None:
-        """Traffic classes on every port (the first phase's sizes: classes are the
-        fabric's, the same in every phase)."""
-        pp = next(iter(planning.phase_params(self.plan.params).values()))
-        rates = {f"{n}-eth{p}": ln["bw_mbps"] for ln in self.topo["links"]
-                 for n, p in ((ln["a"], ln["a_port"]), (ln["b"], ln["b_port"]))}
-        set_port_layouts([(node, dev, planning.classes_of(pp, host).tc_commands(
-            dev, rates[dev])) for node, dev, host in self.port_ends()])
-
-    def ns_of(self, node_name: str) -> str:
-        """A node's network namespace as pfcd takes it: a host's by its shell's PID, the
-        switches' ("-") is the lab's own."""
-        if node_name in self.hosts:
-            return f"/proc/{self.fabric.host(node_name).pid}/ns/net"
-        return "-"
-
-    def pfc_config(self, pp: dict[str, Any]) -> dict[str, Any]:
-        """pfcd's configuration for this fabric, hosts by their shells' namespaces."""
-        return planning.pfc_config(self.topo, pp, self.ns_of)
 
     def set_marking(self, pp: dict[str, Any]) -> dict[str, Any] | None:
         """RED-like marking of every switch port (the lossless class's queue is the
@@ -154,8 +125,7 @@ class RoceRun:
         sampler = telemetry.Sampler(self.ports, hz=telemetry.SAMPLE_HZ,
                                     controller=self.fabric.controller, classes=self.fabric.cpu)
         window = Window(sampler, self.ports, self.bridges, name=name)
-        config = self.pfc_config(pp)
-        d = self.drive(name, pp, flows, window, config, work)
+        d = self.drive(name, pp, flows, window, work)
         judged = window.judge(window.t_start, d["t_end"])
         roce = [f for f in flows if f.transport == "roce"]
         outputs = read_outputs(roce, work)
@@ -169,8 +139,7 @@ class RoceRun:
             ln["ce_marked"] = c1.get("ce_marked", 0) - c0.get("ce_marked", 0)
         details = {"duration_s": round(window.measured_s, 3), "links": links,
                    "flows": fentries, "classes": d["leaves"], "pfc": d["pfc"],
-                   "pfc_feeders": {p["dev"]: [f["dev"] for f in p["feeders"]]
-                                   for p in config["ports"]},
+                   "pfc_feeders": self.lossless.feeders(pp),
                    "marking": marking, "transport": outputs}
         pm = metrics.phase_metrics(pp, flows, details, self.topo)
         # A QP that went to the error state (its retries exhausted) is what the network did
@@ -186,23 +155,20 @@ class RoceRun:
             "metrics": pm, "errors": errors}
 
     def drive(self, name: str, pp: dict[str, Any], flows: list[RoceFlow], window: Window,
-              config: dict[str, Any], work: Path) -> dict[str, Any]:
+              work: Path) -> dict[str, Any]:
         """PFC on (if the phase asks), the servers, the window open, every client to its
         end, the window closed, then PFC off; the counters read around it. Whatever it
         started is stopped, also on failure."""
         roce = [f for f in flows if f.transport == "roce"]
         tcp = FlowRunner(self.fabric, [f.flow for f in flows if f.transport == "tcp"], work,
                          self.fabric.record)
-        ends = [(node, dev) for node, dev, _ in self.port_ends()]
-        pfc_on = bool(pp["pfc"]["enabled"])
+        ends = self.lossless.devices()
         servers: list[subprocess.Popen] = []
         clients: list[tuple[RoceFlow, subprocess.Popen]] = []
         d: dict[str, Any] = {"pfc": None}
         try:
-            if pfc_on:
-                started = self.request({"cmd": "pfc", "config": config})
-                # the controller's child: recorded, so an interrupted run kills it by PID
-                self.fabric.record.add_pid(int(started["pid"]), "pfcd (the controller's)")
+            if pp["pfc"]["enabled"]:
+                self.lossless.pfc_on(pp)
             leaves0 = class_counts.leaf_counters(ends)
             servers = self.start_servers(roce, pp, work)
             tcp.start_servers()
@@ -220,9 +186,7 @@ class RoceRun:
                 s.send_signal(signal.SIGTERM)
             for s in servers:
                 s.wait(timeout=10)
-            if pfc_on:
-                d["pfc"] = self.request({"cmd": "pfc", "off": True}).get("counters")
-                pfc_on = False
+            d["pfc"] = self.lossless.pfc_off()
             d["leaves"] = class_counts.delta(leaves0, class_counts.leaf_counters(ends))
         finally:
             for p in [*servers, *(c for _, c in clients)]:
@@ -230,8 +194,7 @@ class RoceRun:
                     p.kill()
                     p.wait()
             tcp.stop()
-            if pfc_on:
-                self.request({"cmd": "pfc", "off": True})
+            self.lossless.pfc_off()
             window.sampler.stop()
         tcp.collect()
         return d
