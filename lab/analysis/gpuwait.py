@@ -11,7 +11,10 @@ placement *together*. What is read, per phase:
   preprocessing it, which splits a data wait into "storage too slow" and "CPU too slow";
 - the loader flows' bytes against the rate of their storage host's link on the network
   they used (the fabric or a storage network of its own, read from their addresses), the
-  job's all-reduce time against the ideal for its bottleneck rate, drops and retransmits.
+  job's all-reduce time against the ideal for its bottleneck rate, drops and retransmits;
+- where the job's all-reduce runs on RoCE over a fabric with PFC, the switches' pause
+  counters: which ports PFC paused on the job's paths, for how long, and where the pauses
+  started (``lab.analysis.pauses``).
 
 Whose traffic a flow is comes from its two ends and the scheduler's map of hosts to jobs
 and storage (``phase_details.<phase>.scheduler``, which the lab exports as a scheduler
@@ -32,7 +35,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from lab.analysis import pauses
 from lab.model.flowpaths import attachment
+from lab.model.flows import ROCE_UDP_PORT
 
 #: A cause is named when it holds the GPUs for at least this share of step time. A healthy
 #: phase stays far below (gpu-wait: data wait 0.04 %, the all-reduce beyond its ideal under
@@ -57,6 +62,9 @@ FIXES = {
                "job's links the capacity its all-reduce needs",
     "straggler": "find the slow rank: its step is longer than the others' before the "
                  "all-reduce",
+    "pause": "keep the congested port's queue below XOFF: ECN marking there with DCQCN at "
+             "the senders; or carry the traffic that congests it in another priority than "
+             "the job's, or move its receiver off the switch the job's paths cross",
 }
 
 
@@ -298,6 +306,63 @@ def shared_links(details: dict[str, Any],
     return sorted(out, key=lambda x: (-x["other_share"] * (x["util"] or 0), -x["other_share"]))
 
 
+#: The all-reduce's whole excess is PFC's pauses' when they held the job's paths for at least
+#: this share of the phase (the longest any port on them was paused over the phase's
+#: duration: a ring waits for its slowest hop). The whole, not the seconds paused: between
+#: pauses the flows share queues the pauses filled. In pfc-hol, PFC alone paused one NIC
+#: 3.1 s of 6 (52 %) and cut the victim to 37-38 % of its rate; with DCQCN all ports
+#: together paused 0.54-0.73 s (any one under 12 %) and the victim ran at 96-99 % of its
+#: rate alone. The line sits between the two.
+PAUSE_MIN_HELD = 0.15
+
+
+def is_roce(flow: dict[str, Any]) -> bool:
+    """A RoCEv2 flow, from its 5-tuple: the only traffic PFC's lossless priority holds."""
+    return flow.get("proto") == "udp" and flow.get("dport") == ROCE_UDP_PORT
+
+
+def job_pauses(details: dict[str, Any], topology: dict[str, Any]) -> dict[str, Any] | None:
+    """What PFC did to the job's RoCE flows in a phase (``pauses.explain`` over them):
+    the roots, the paused ports on their paths with seconds paused and hops from a root,
+    the roots they crossed, and ``held_share``, the longest of those pauses over the
+    phase's duration. None when PFC did not run or the job has no RoCE flow: then the
+    diagnosis is what it is on any other fabric."""
+    pfc = details.get("pfc")
+    # numbered here: explain keys flows by id, which a flow record need not carry
+    roce = [{**f, "id": str(i)} for i, f in enumerate(job_flows(details)) if is_roce(f)]
+    if not pfc or not roce:
+        return None
+    p = pauses.explain(pfc, details.get("pfc_feeders") or {}, roce, topology)
+    held = p["flows"].values()
+    ports = sorted({port for h in held for port in h["paused_ports"]})
+    crossed = sorted({r for h in held for r in h["roots"]})
+    dur = details.get("duration_s") or 0.0
+    longest = max((p["paused_ns"][port] for port in ports), default=0) / 1e9
+    return {"roots": p["roots"], "crossed_roots": crossed, "crossed_root": bool(crossed),
+            "job_paused_ports": {port: round(p["paused_ns"][port] / 1e9, 3) for port in ports},
+            "hops": {port: p["hops"][port] for port in ports if port in p["hops"]},
+            "held_share": round(longest / dur, 4) if dur else 0.0}
+
+
+def _pause_text(paused: dict[str, Any] | None, details: dict[str, Any]) -> str:
+    """The pause cause's evidence: how long PFC held the job's paths, the root, the paused
+    ports on those paths, and whether the job's flows crossed the root."""
+    if not paused or not paused["job_paused_ports"]:
+        return "PFC paused no port on the job's paths"
+    roots = ", ".join(paused["roots"])
+    on_path = ", ".join(
+        f"{port} {s:.2f} s (" + (f"hop {paused['hops'][port]}" if port in paused["hops"]
+                                 else "under no root") + ")"
+        for port, s in paused["job_paused_ports"].items())
+    whose = (f"the job's flows cross {', '.join(paused['crossed_roots'])}: its own traffic "
+             "is in the congested queue" if paused["crossed_root"] else
+             f"none of the job's flows crosses {roots}: head-of-line blocking")
+    return (f"PFC held the job's paths {_pct(paused['held_share'])} of the "
+            f"{details.get('duration_s') or 0:g} s phase; the pauses started at {roots} (its "
+            f"queue passed XOFF, never paused itself); paused on the job's paths: {on_path}; "
+            f"{whose}")
+
+
 def off_fabric(details: dict[str, Any]) -> list[dict[str, Any]]:
     """The job's all-reduce connections that did not use the fabric's interface (the
     address each connection used, as its switches and its ends saw it)."""
@@ -378,14 +443,19 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
     idle = max(0.0, 1.0 - crit["compute"] + straggler)
     excess_comm = max(0.0, crit["exposed_comm"] + crit["barrier"] - ideal)
     shared = shared_links(details, topology)
-    # The all-reduce beyond its ideal is the network's; whose traffic it met says whether
-    # it was another job's.
+    # The all-reduce beyond its ideal is the pauses' when PFC held the job's paths long
+    # enough (PAUSE_MIN_HELD), else the network's; whose traffic it met says whether it
+    # was another job's.
+    paused = job_pauses(details, topology)
+    by_pause = excess_comm if paused and paused["held_share"] >= PAUSE_MIN_HELD else 0.0
+    rest = excess_comm - by_pause
     met = _dominant_other(shared[0]) if shared and shared[0]["other_share"] > 0 else None
-    by_job = excess_comm if met == OTHER_JOB else 0.0
+    by_job = rest if met == OTHER_JOB else 0.0
     shares = {"data": crit["data_wait"] * fetch_frac,
               "cpu": crit["data_wait"] * (1.0 - fetch_frac),
               "placement": placed, "interface": interface,
-              "network": excess_comm - by_job, "other-job": by_job, "straggler": straggler}
+              "network": rest - by_job, "other-job": by_job, "straggler": straggler,
+              **({"pause": by_pause} if paused is not None else {})}
     hops = len(_job_hosts(details))
     uplinks = rack_uplinks(topology)
     crossed = sum(1 for sh in shared if tuple(sh["link"].split("->")) in uplinks)
@@ -402,19 +472,8 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
                       f"bottleneck is "
                       f"{now_bps / 1e6:g} Mbit/s where the fabric's NICs give "
                       f"{(best_bps or now_bps) / 1e6:g} Mbit/s"),
-        "other-job": (f"all-reduce exposed {_pct(crit['exposed_comm'])} of the step "
-                      f"against {_pct(ideal)} ideal; " + (
-                          f"{shared[0]['link']} carried {_pct(shared[0]['other_share'])} "
-                          f"other traffic ({_other_kinds(shared[0])}) at "
-                          f"{_pct(shared[0]['util'] or 0)}, {shared[0]['drops']} drops"
-                          if shared else "")),
-        "network": (f"all-reduce exposed {_pct(crit['exposed_comm'])} of the step against "
-                    f"{_pct(ideal)} ideal for its bottleneck; {metrics.get('drops', 0)} drops, "
-                    f"{metrics.get('retransmits', 0)} retransmits"
-                    + (f"; {shared[0]['link']} carried {_pct(shared[0]['other_share'])} "
-                       f"other traffic ({_other_kinds(shared[0])}) at "
-                       f"{_pct(shared[0]['util'] or 0)}, {shared[0]['drops']} drops"
-                       if shared and shared[0]["other_share"] > 0 else "")),
+        **_comm_evidence(metrics, ideal, shared),
+        "pause": _pause_text(paused, details),
         "straggler": (f"the other GPUs waited {_pct(lag)} of the step for the last rank "
                       f"to finish computing; the slowest rank's compute is {spread:.2f}x "
                       f"the fastest's"),
@@ -427,7 +486,24 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
     return {"gpu_idle_share": round(idle, 4), "ideal_comm_share": round(ideal, 4),
             "placed_ideal_comm_share": round(ideal_best, 4),
             "named": named, "causes": causes, "storage_links": links,
-            "shared_links": shared[:3]}
+            "shared_links": shared[:3], **({"pauses": paused} if paused is not None else {})}
+
+
+def _comm_evidence(metrics: dict[str, Any], ideal: float,
+                   shared: list[dict[str, Any]]) -> dict[str, str]:
+    """The other-job and network causes' evidence: the all-reduce against its ideal, the
+    drops and retransmits, and the most shared link the job crossed with whose traffic."""
+    exposed = metrics["gpu_wait"]["critical_share"]["exposed_comm"]
+    top = (f"{shared[0]['link']} carried {_pct(shared[0]['other_share'])} other traffic "
+           f"({_other_kinds(shared[0])}) at {_pct(shared[0]['util'] or 0)}, "
+           f"{shared[0]['drops']} drops" if shared else "")
+    return {
+        "other-job": f"all-reduce exposed {_pct(exposed)} of the step against {_pct(ideal)} "
+                     f"ideal; {top}",
+        "network": (f"all-reduce exposed {_pct(exposed)} of the step against {_pct(ideal)} "
+                    f"ideal for its bottleneck; {metrics.get('drops', 0)} drops, "
+                    f"{metrics.get('retransmits', 0)} retransmits"
+                    + (f"; {top}" if shared and shared[0]["other_share"] > 0 else ""))}
 
 
 def _dominant_other(link: dict[str, Any]) -> str | None:
