@@ -37,7 +37,6 @@ from typing import Any
 
 from lab.analysis import pauses
 from lab.model.flowpaths import attachment
-from lab.model.flows import ROCE_UDP_PORT
 
 #: A cause is named when it holds the GPUs for at least this share of step time. A healthy
 #: phase stays far below (gpu-wait: data wait 0.04 %, the all-reduce beyond its ideal under
@@ -316,51 +315,12 @@ def shared_links(details: dict[str, Any],
 PAUSE_MIN_HELD = 0.15
 
 
-def is_roce(flow: dict[str, Any]) -> bool:
-    """A RoCEv2 flow, from its 5-tuple: the only traffic PFC's lossless priority holds."""
-    return flow.get("proto") == "udp" and flow.get("dport") == ROCE_UDP_PORT
-
-
 def job_pauses(details: dict[str, Any], topology: dict[str, Any]) -> dict[str, Any] | None:
-    """What PFC did to the job's RoCE flows in a phase (``pauses.explain`` over them):
-    the roots, the paused ports on their paths with seconds paused and hops from a root,
-    the roots they crossed, and ``held_share``, the longest of those pauses over the
-    phase's duration. None when PFC did not run or the job has no RoCE flow: then the
-    diagnosis is what it is on any other fabric."""
-    pfc = details.get("pfc")
-    # numbered here: explain keys flows by id, which a flow record need not carry
-    roce = [{**f, "id": str(i)} for i, f in enumerate(job_flows(details)) if is_roce(f)]
-    if not pfc or not roce:
-        return None
-    p = pauses.explain(pfc, details.get("pfc_feeders") or {}, roce, topology)
-    held = p["flows"].values()
-    ports = sorted({port for h in held for port in h["paused_ports"]})
-    crossed = sorted({r for h in held for r in h["roots"]})
-    dur = details.get("duration_s") or 0.0
-    longest = max((p["paused_ns"][port] for port in ports), default=0) / 1e9
-    return {"roots": p["roots"], "crossed_roots": crossed, "crossed_root": bool(crossed),
-            "job_paused_ports": {port: round(p["paused_ns"][port] / 1e9, 3) for port in ports},
-            "hops": {port: p["hops"][port] for port in ports if port in p["hops"]},
-            "held_share": round(longest / dur, 4) if dur else 0.0}
-
-
-def _pause_text(paused: dict[str, Any] | None, details: dict[str, Any]) -> str:
-    """The pause cause's evidence: how long PFC held the job's paths, the root, the paused
-    ports on those paths, and whether the job's flows crossed the root."""
-    if not paused or not paused["job_paused_ports"]:
-        return "PFC paused no port on the job's paths"
-    roots = ", ".join(paused["roots"])
-    on_path = ", ".join(
-        f"{port} {s:.2f} s (" + (f"hop {paused['hops'][port]}" if port in paused["hops"]
-                                 else "under no root") + ")"
-        for port, s in paused["job_paused_ports"].items())
-    whose = (f"the job's flows cross {', '.join(paused['crossed_roots'])}: its own traffic "
-             "is in the congested queue" if paused["crossed_root"] else
-             f"none of the job's flows crosses {roots}: head-of-line blocking")
-    return (f"PFC held the job's paths {_pct(paused['held_share'])} of the "
-            f"{details.get('duration_s') or 0:g} s phase; the pauses started at {roots} (its "
-            f"queue passed XOFF, never paused itself); paused on the job's paths: {on_path}; "
-            f"{whose}")
+    """What PFC did to the job's RoCE flows in the phase (``lab.analysis.pauses.held``);
+    None when PFC did not run or the job has no RoCE flow: then the diagnosis is what it
+    is on any other fabric."""
+    return pauses.held(details.get("pfc"), details.get("pfc_feeders") or {},
+                       job_flows(details), topology, details.get("duration_s") or 0.0)
 
 
 def off_fabric(details: dict[str, Any]) -> list[dict[str, Any]]:
@@ -473,7 +433,7 @@ def diagnose_phase(metrics: dict[str, Any], details: dict[str, Any],
                       f"{now_bps / 1e6:g} Mbit/s where the fabric's NICs give "
                       f"{(best_bps or now_bps) / 1e6:g} Mbit/s"),
         **_comm_evidence(metrics, ideal, shared),
-        "pause": _pause_text(paused, details),
+        "pause": pauses.held_text(paused, details.get("duration_s") or 0.0),
         "straggler": (f"the other GPUs waited {_pct(lag)} of the step for the last rank "
                       f"to finish computing; the slowest rank's compute is {spread:.2f}x "
                       f"the fastest's"),

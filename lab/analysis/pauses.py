@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from controllers.classes import LOSSLESS_PRIORITY
+from controllers.classes import LOSSLESS_LEAF, LOSSLESS_PRIORITY, LOSSY_LEAF
 from lab.model.flowpaths import adjacency
 from lab.model.flows import ROCE_UDP_PORT
 
@@ -46,14 +46,18 @@ def paused_ns(pfc: Any) -> dict[str, int]:
 
 
 def pause_tree(pfc: dict[str, Any] | None, feeds: dict[str, list[str]]) -> dict[str, Any]:
-    """{roots, hops (port -> hops from its root), max_hops, paused_ns (paused ports)} from
-    pfcd's counters (``pfc``, None when PFC did not run); every port by its device name."""
+    """{roots (most PAUSE frames sent first), hops (port -> hops from its root), max_hops,
+    paused_ns (paused ports), root_frames (PAUSE frames each root sent)} from pfcd's
+    counters (``pfc``, None when PFC did not run); every port by its device name."""
     if not pfc:
-        return {"roots": [], "hops": {}, "paused_ns": {}, "max_hops": 0}
+        return {"roots": [], "hops": {}, "paused_ns": {}, "max_hops": 0, "root_frames": {}}
     held = paused_ns(pfc)
-    sent = {d for d, c in lossless_counters(pfc).items() if c.get("pause_frames_tx")}
+    sent = {d: int(c["pause_frames_tx"]) for d, c in lossless_counters(pfc).items()
+            if c.get("pause_frames_tx")}
     paused = set(held)
-    roots = sorted(sent - paused)
+    # the root that sent most PAUSE first: the congested port the pauses spread from, before
+    # a port whose queue passed XOFF once, filled by a burst let go when a pause ended
+    roots = sorted(set(sent) - paused, key=lambda d: (-sent[d], d))
     hops: dict[str, int] = {r: 0 for r in roots}
     frontier = list(roots)
     while frontier:
@@ -65,7 +69,29 @@ def pause_tree(pfc: dict[str, Any] | None, feeds: dict[str, list[str]]) -> dict[
                     upstream.append(f)
         frontier = upstream
     return {"roots": roots, "hops": hops, "max_hops": max(hops.values(), default=0),
-            "paused_ns": held}
+            "paused_ns": held, "root_frames": {r: sent[r] for r in roots}}
+
+
+def class_drops(classes: dict[str, dict[str, dict[str, int]]], leaf: str) -> dict[str, int]:
+    """{port: drops} of one class's leaf, for ports that dropped."""
+    return {dev: c[leaf]["drops"] for dev, c in classes.items()
+            if leaf in c and c[leaf]["drops"]}
+
+
+def summary(classes: dict[str, Any], pfc: dict[str, Any] | None,
+            feeds: dict[str, list[str]]) -> dict[str, Any]:
+    """A phase's lossless fabric in numbers, the same for every kind that runs it: each
+    class's drops (the lossless class's must be 0 under PFC), the seconds and frames of
+    pause, and the pause tree. ``classes``: each port's per-leaf counts over the phase
+    (``lab.measure.classes``); ``pfc``: pfcd's counters (None without PFC)."""
+    lossless = class_drops(classes, LOSSLESS_LEAF)
+    tree = pause_tree(pfc, feeds)
+    return {"lossless_drops": sum(lossless.values()), "lossless_drops_by_port": lossless,
+            "lossy_drops": sum(class_drops(classes, LOSSY_LEAF).values()),
+            "pause_time_s": round(sum(tree["paused_ns"].values()) / 1e9, 4),
+            "pause_frames": sum(c.get("pause_frames_tx", 0)
+                                for c in lossless_counters(pfc).values()),
+            "pause_tree": tree}
 
 
 def flow_ports(flow: dict[str, Any], topo: dict[str, Any]) -> list[str]:
@@ -94,7 +120,7 @@ def explain(pfc: dict[str, Any] | None, feeds: dict[str, list[str]],
         return {**tree, "flows": {}, "victims": []}
     held = {}
     # a pause holds the lossless priority only: RoCE's flows; TCP beside them is not held
-    for f in (f for f in flows if f.get("proto") == "udp" and f.get("dport") == ROCE_UDP_PORT):
+    for f in (f for f in flows if is_roce(f)):
         ports = flow_ports(f, topo)
         crossed = [p for p in ports if p in tree["paused_ns"]]
         held[f["id"]] = {"paused_ports": crossed,
@@ -117,3 +143,53 @@ def render(p: dict[str, Any]) -> list[str]:
                      + ", ".join(f"{v} at {', '.join(p['flows'][v]['paused_ports'])}"
                                  for v in p["victims"]))
     return lines
+
+
+def is_roce(flow: dict[str, Any]) -> bool:
+    """A RoCEv2 flow, from its 5-tuple: the only traffic PFC's lossless priority holds."""
+    return flow.get("proto") == "udp" and flow.get("dport") == ROCE_UDP_PORT
+
+
+def held(pfc: dict[str, Any] | None, feeds: dict[str, list[str]], flows: list[dict[str, Any]],
+         topo: dict[str, Any], duration_s: float) -> dict[str, Any] | None:
+    """What PFC did to some flows (a job's) in a phase (:func:`explain` over their RoCE
+    ones): the roots (most PAUSE sent first) and their frames, the paused ports on the
+    flows' paths with seconds paused and hops from a root, the roots they crossed, whether
+    they crossed the main root, and ``held_share``, the longest of those pauses over the
+    phase's duration (a ring waits for its slowest hop). None when PFC did not run or no
+    flow is RoCE."""
+    # numbered here: explain keys flows by id, which a flow record need not carry
+    roce = [{**f, "id": str(i)} for i, f in enumerate(flows) if is_roce(f)]
+    if not pfc or not roce:
+        return None
+    p = explain(pfc, feeds, roce, topo)
+    on = p["flows"].values()
+    ports = sorted({port for h in on for port in h["paused_ports"]})
+    crossed = sorted({r for h in on for r in h["roots"]})
+    longest = max((p["paused_ns"][port] for port in ports), default=0) / 1e9
+    return {"roots": p["roots"], "root_frames": p["root_frames"], "crossed_roots": crossed,
+            "crossed_root": bool(p["roots"]) and p["roots"][0] in crossed,
+            "job_paused_ports": {port: round(p["paused_ns"][port] / 1e9, 3) for port in ports},
+            "hops": {port: p["hops"][port] for port in ports if port in p["hops"]},
+            "held_share": round(longest / duration_s, 4) if duration_s else 0.0}
+
+
+def held_text(paused: dict[str, Any] | None, duration_s: float) -> str:
+    """:func:`held` as an operator reads it: how long PFC held the paths, the roots, the
+    paused ports on the paths, and whether the flows crossed the main root."""
+    if not paused or not paused["job_paused_ports"]:
+        return "PFC paused no port on the job's paths"
+    main, *minor = paused["roots"]
+    frames = paused.get("root_frames") or {}
+    roots = f"{main} ({frames.get(main, 0)} PAUSE frames sent)" + (
+        "; also " + ", ".join(f"{r} ({frames.get(r, 0)})" for r in minor) if minor else "")
+    on_path = ", ".join(
+        f"{port} {s:.2f} s (" + (f"hop {paused['hops'][port]}" if port in paused["hops"]
+                                 else "under no root") + ")"
+        for port, s in paused["job_paused_ports"].items())
+    whose = (f"the job's flows cross {main}: its own traffic is in the congested queue"
+             if paused["crossed_root"] else
+             f"none of the job's flows crosses {main}: head-of-line blocking")
+    return (f"PFC held the job's paths {paused['held_share'] * 100:.0f}% of the "
+            f"{duration_s:g} s phase; the pauses started at {roots} (a queue past XOFF, "
+            f"never paused itself); paused on the job's paths: {on_path}; {whose}")

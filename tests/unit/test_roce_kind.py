@@ -8,7 +8,6 @@ import pytest
 from controllers.classes import LOSSLESS_CLASS, LOSSY_CLASS, TrafficClasses
 from lab import run
 from lab.analysis import pauses
-from lab.kinds.roce import plan
 from lab.model import lossless
 from lab.model.errors import ScenarioError
 from lab.model.flows import ROCE_UDP_PORT

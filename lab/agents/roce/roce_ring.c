@@ -445,10 +445,11 @@ static void json_steps(FILE *f, const struct ring *g)
 			"\"t_start\": %.6f, \"t_compute_end\": %.6f, \"t_comm_start\": %.6f, "
 			"\"t_comm_end\": %.6f, \"t_end\": %.6f,\n     \"compute_s\": %.6f, "
 			"\"comm_s\": %.6f, \"barrier_s\": 0, \"step_s\": %.6f, \"idle_s\": %.6f, "
-			"\"retrans\": %llu}", i ? "," : "", i, i < g->o.warmup ? "true" : "false",
+			"\"data_wait_s\": 0, \"exposed_comm_s\": %.6f, \"retrans\": %llu}",
+			i ? "," : "", i, i < g->o.warmup ? "true" : "false",
 			stamp(g, s->t_start), stamp(g, s->t_compute_end),
 			stamp(g, s->t_comm_start), stamp(g, s->t_comm_end),
-			stamp(g, s->t_comm_end), compute, comm, step, step - compute,
+			stamp(g, s->t_comm_end), compute, comm, step, step - compute, comm,
 			(unsigned long long)s->retrans);
 	}
 	fprintf(f, "\n  ],\n");

@@ -323,6 +323,11 @@ def phase_line(mt: dict[str, Any]) -> str:
         line += f", {mt['retransmits']} retransmits"
     if mt.get("ce_marked"):
         line += f", {mt['ce_marked']} CE marks"
+    if "pause_tree" in mt:              # a lossless fabric: its promise and its pauses
+        line += (f", lossless drops {mt['lossless_drops']}, pause {mt['pause_time_s']:.2f} s"
+                 f" over {mt['pause_tree']['max_hops']} hops")
+    if mt.get("incast"):
+        line += f", incast beside it {mt['incast']['goodput_mbps']:.1f} Mbit/s"
     return line
 
 
@@ -345,7 +350,8 @@ def assemble(plan: Plan, phases: dict[str, Any], loss: float,
         lab_cpu_pct=p["metrics"]["lab_cpu_pct"], valid=p["metrics"]["fidelity_valid"],
         cpu=headroom.cpu_fields(p["metrics"]),
         details={k: p[k] for k in ("duration_s", "links", "flows", "cpu_idle_pct", "gpu_wait",
-                                   "t_window_start", "scheduler")
+                                   "t_window_start", "scheduler", "pfc", "pfc_feeders",
+                                   "classes")
                  if k in p})
         for n, p in phases.items()}
     part = phased_part(plan, counts, first, metrics, notes=notes, valid=loss == 0,
@@ -384,11 +390,13 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
 
 def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
     """Per hashed phase (a placed phase's paths are the lab's, no policy's): step p99, GPU
-    idle share and drops."""
+    idle share and drops; on a lossless fabric the lossless class's drops and pause time."""
     out = {}
     for name, mt in result["metrics"]["phases"].items():
         if mt.get("paths") != "hash":
             continue
-        for key in ("step_p99_s", "gpu_idle_fraction", "drops"):
-            out[f"{name}.{key}"] = float(mt[key])
+        for key in ("step_p99_s", "gpu_idle_fraction", "drops", "lossless_drops",
+                    "pause_time_s"):
+            if key in mt:               # the last two on a lossless fabric only
+                out[f"{name}.{key}"] = float(mt[key])
     return out

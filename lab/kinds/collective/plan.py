@@ -23,10 +23,11 @@ from typing import Any
 from controllers.marking import parse_marking
 from lab.agents.ddprank import BLOCKS, SPLIT_BYTES, WIDTH
 from lab.kinds.base import Plan
-from lab.kinds.collective import beside
+from lab.kinds.collective import beside, roce
 from lab.machine import environment
 from lab.model.errors import MachineError, ScenarioError
 from lab.model.flows import FlowSpec
+from lab.model.lossless import check_netem
 from lab.model.scenario import Param, field_namer, phases_over, with_defaults
 from lab.model.topodesc import check_fabric, edge_switches, hosts_of
 
@@ -122,6 +123,7 @@ SCHEMA: dict[str, Param] = {
     "microburst.size": Param(int, 64, 1472),
     "microburst.bursts": Param(int, 1, 100),
     "sample_hz": Param(float, 20, 100),
+    **roce.SCHEMA,
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -131,7 +133,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
             "sizes": [], "steps": 20, "warmup": 1,
             "compute_s": 0.05, "jitter_s": 0.0, "buckets": 1, "straggler_rank": -1,
             "straggler_s": 0.0, "epoch_steps": 0, "cc": "cubic", "ecn": False,
-            "interface": "fabric"},
+            "interface": "fabric", "transport": "tcp"},
     "placement": {"hosts": "packed", "paths": "hash", "receiver": ""},
     "storage": {"mode": "off", "hosts": [], "read_mbps": 1.0, "checkpoint_bytes": 2 << 20,
                 "every_s": 2.5, "first_at_s": 1.0, "link_mbps": 0.0,
@@ -147,6 +149,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "ecn": {"marking": "off", "ports": [], "k_bytes": 30_000, "kmin_bytes": 20_000,
             "kmax_bytes": 80_000, "pmax": 0.2, "k_rule": "fixed"},
     "microburst": {"senders": 0, "count": 60, "size": 1000, "bursts": 3},
+    **roce.DEFAULTS,
 }
 
 
@@ -247,7 +250,9 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
                   if f(f"ecn.{k}") != f"ecn.{k}"), "ecn")
     for marking in ("step", "red"):       # thresholds are checked even when not in use
         check_marking({**pp["ecn"], "marking": marking}, where)
-    if check_marking(pp["ecn"], where) is not None and not pp["ecn"]["ports"]:
+    # on a lossless fabric, as DCQCN deployments do, no port named marks every switch port
+    if check_marking(pp["ecn"], where) is not None and not pp["ecn"]["ports"] \
+            and not roce.uses_lossless(pp):
         raise ScenarioError(f("ecn.ports"), "marking is on but no port is named")
     if pp["ecn"]["k_rule"] == "dctcp" and pp["ecn"]["marking"] != "step":
         raise ScenarioError(f("ecn.k_rule"), "DCTCP's rule gives a step threshold K; it "
@@ -397,9 +402,15 @@ def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> dict[str, dict[s
     check_fabric(topo_desc, "collective")
     phases = phase_params(params)
     raw = params.get("phases") or {}
+    lossless = any(map(roce.uses_lossless, phases.values()))
+    if lossless:
+        check_netem(topo_desc, "a collective on RoCE")
     for name, pp in phases.items():
         check_phase(name, pp, topo_desc, raw.get(name) or {})
         f = field_namer(name, raw.get(name) or {})
+        known = None if pp["placement"]["hosts"] == "scattered" \
+            else place_workers(topo_desc, pp, random.Random(0))
+        roce.check(pp, topo_desc, known, lossless, f)
         if pp["other_job"]["announce"]:
             beside.check_job_aware(str(params.get("policy", "")), f("other_job.announce"))
         base = pp["other_job"]["baseline"]
@@ -549,6 +560,8 @@ def prepare(plan: Plan) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     phases_pp = check(plan.params, plan.topo_desc)
     skipped = phases_to_skip(plan.params, phases_pp, plan.env.congestion_controls)
     phases_pp = {n: pp for n, pp in phases_pp.items() if n not in skipped}
+    if any(map(roce.uses_lossless, phases_pp.values())):
+        roce.build()
     gloo_phases = uses_gloo(phases_pp)
     if gloo_phases:
         lib = environment.collective_library()

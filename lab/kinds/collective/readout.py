@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.analysis import pauses
 from lab.kinds.base import Plan
 from lab.kinds.collective import gloo, gpuwait, otherjob
 from lab.kinds.collective import metrics as jm
+from lab.kinds.collective import plan as planning
 from lab.kinds.collective.plan import Conn
 from lab.kinds.collective.programs import load
 from lab.kinds.collective.scheduler import scheduler_map
@@ -38,6 +40,8 @@ class Drive:
     capture: Any = None
     bursts: dict[str, Any] | None = None
     elephants: Any = None          # lab.workloads.traffic.FlowRunner of the phase's elephants
+    leaves0: dict[str, Any] = field(default_factory=dict)   # the classes' counters before
+    lossless: dict[str, Any] = field(default_factory=dict)  # PFC's and the classes' after
 
 
 def sum_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
@@ -75,9 +79,13 @@ class JobReadout:
     def phase_result(self, ph: Phase, d: Drive) -> dict[str, Any]:
         """The phase's links, flows (paths from the switches' counters) and metrics."""
         pp, window, work = ph.pp, d.window, ph.work
-        all_conns = ph.conns + ph.sconns + ph.lconns + ph.econns + ph.oconns
+        all_conns = ph.conns + ph.sconns + ph.lconns + ph.econns + ph.oconns + ph.iconns
         outputs = self.read_outputs(pp, ph.hosts, ph.conns, work)
-        self.attach_results(ph.conns, outputs)
+        if pp["job"]["transport"] == "roce":
+            self.attach_roce_results(ph.conns, outputs)
+        else:
+            self.attach_results(ph.conns, outputs)
+        incast = self.incast_results(ph.iconns, work) if ph.iconns else None
         self.attach_loader_results(ph.lconns, outputs)
         self.attach_client_results(ph.sconns, work)
         flows = flow_entries([c.spec for c in all_conns], window.flow_deltas(), self.topo,
@@ -119,7 +127,14 @@ class JobReadout:
             metrics["spare_work"] = judged["spare_work"]
         metrics.update(headroom.cpu_fields(judged))
         metrics["fidelity_valid"] = (headroom.cpu_verdict(judged) is None
-                                     and not any(o.get("error") for o in outputs))
+                                     and not any(o.get("error") for o in outputs)
+                                     and not (incast or {}).get("lost"))
+        metrics["transport"] = pp["job"]["transport"]
+        if incast is not None:
+            metrics["incast"] = incast
+        if d.lossless:
+            metrics.update(pauses.summary(d.lossless["classes"], d.lossless["pfc"],
+                                          d.lossless["pfc_feeders"]))
         if d.capture is not None:
             metrics["wire"] = ecnwire.summarize(work / "receiver.pcap",
                                                 [flow_id(f) for f in flows])
@@ -132,8 +147,11 @@ class JobReadout:
                "metrics": metrics, "cpu_idle_pct": judged["cpu_idle_pct"],
                "t_window_start": round(window.sampler.t0 + window.t_start, 6),
                "outputs": outputs}
-        out["scheduler"] = scheduler_map(ph.hosts, ph.pp["other_job"]["hosts"]
-                                         if ph.oconns else [], pp["storage"]["hosts"])
+        out.update(d.lossless)      # pfcd's counters, who feeds whom, the classes' counts
+        # another job's ranks and its incast's hosts: the jobs beside the one diagnosed
+        others = [*(pp["other_job"]["hosts"] if ph.oconns else []),
+                  *(pp["incast"]["from"] + [pp["incast"]["to"]] if ph.iconns else [])]
+        out["scheduler"] = scheduler_map(ph.hosts, others, pp["storage"]["hosts"])
         if ph.oconns:
             t0 = d.window.sampler.t0
             starts = [o["t_ready"] for o in outputs if o.get("t_ready") is not None]
@@ -142,7 +160,8 @@ class JobReadout:
                 **otherjob.summary([load(work / "other" / f"rank{r}.json")
                                     for r in range(len(ph.pp["other_job"]["hosts"]))],
                                    max(starts) if starts else None, t0 + d.t_job_end)}
-        if pp["loader"]["enabled"]:
+        if planning.step_parts_recorded(pp["job"]) and (
+                pp["loader"]["enabled"] or pp["job"]["transport"] == "roce"):
             ranks = gpuwait.rank_details(outputs)
             metrics["gpu_wait"] = gpuwait.summary(ranks)
             # what each storage host served: its batches' bytes are the loaders' bytes

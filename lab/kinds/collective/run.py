@@ -22,17 +22,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lab.kinds.base import Plan, Progress, bring_up
-from lab.kinds.collective import gloo, liveview, otherjob
+from lab.kinds.collective import gloo, liveview, otherjob, roce
 from lab.kinds.collective import metrics as jm
 from lab.kinds.collective import plan as planning
 from lab.kinds.collective.programs import JobPrograms, load, wait
 from lab.kinds.collective.readout import Drive, JobReadout
+from lab.kinds.collective.rocejob import RoceJob
 from lab.kinds.collective.setup import JobSetup, Phase
 from lab.machine import programs, remote
 from lab.measure import ecnwire, telemetry
 from lab.measure.window import Window
 from lab.model.errors import MachineError
 from lab.model.flowpaths import attachment
+from lab.net.lossless import LosslessClass
 from lab.workloads.traffic import FlowRunner
 
 if TYPE_CHECKING:
@@ -56,6 +58,10 @@ def on_fabric(plan_: Plan, fabric: Fabric, progress: Progress,
     phases: dict[str, Any] = {}
     loss = bring_up(plan_, fabric, progress)
     job = JobRun(plan_, fabric, progress)
+    lossless = [pp for pp in phases_pp.values() if roce.uses_lossless(pp)]
+    if lossless:       # the classes are the fabric's: laid once, sized by the first RoCE phase
+        job.lossless = LosslessClass(fabric, plan_.topo_desc, job.checked_request)
+        job.lossless.classes_on(lossless[0])
     for name, pp in phases_pp.items():
         t0 = time.monotonic()
         phases[name] = job.run_phase(name, pp)
@@ -88,7 +94,7 @@ def tcp_counters(node: Any) -> dict[str, int]:
     return out
 
 
-class JobRun(JobSetup, JobPrograms, JobReadout):
+class JobRun(JobSetup, JobPrograms, JobReadout, RoceJob):
     """The running fabric plus what the job's phases need to know about it.
 
     Its parts by what a phase does: set up the network (``JobSetup``), start and stop the
@@ -123,6 +129,13 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.fabric.controller is not None
         return self.fabric.controller.request(msg)
+
+    def checked_request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The controller's answer, or a MachineError naming the command it refused."""
+        reply = self.request(msg)
+        if not reply.get("ok", False):
+            raise MachineError(msg["cmd"], str(reply.get("error")))
+        return reply
 
     def ecn_counters(self) -> dict[str, dict[str, int]]:
         if not self.marked and self.plan.env.ecn == "none":
@@ -162,6 +175,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
         gloo_ranks: list[subprocess.Popen] = []
         servers = False
         try:
+            d.leaves0 = self.lossless_start(pp)
             sampler.start()
             if job["library"] == "gloo":
                 gloo_ranks, gloo_ready, servers = self.start_gloo_job(ph, procs)
@@ -186,6 +200,8 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
                 workers = self.start_incast(pp, ph.conns, work)
             elif gloo_ranks:
                 workers = gloo_ranks
+            elif job["transport"] == "roce":
+                workers = self.start_roce_ring(pp, ph.hosts, ph.conns, work)
             else:
                 workers = self.start_ring(pp, ph.hosts, ph.conns, work, ph.lconns)
             if storage_ready or gloo_ready:   # every GPU's checkpoints together, with the job
@@ -213,8 +229,11 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             d.window.close()
             d.ecn1 = self.ecn_counters()
             d.tcp1 = {h: tcp_counters(self.host(h)) for h in watched_hosts}
+            d.lossless = self.lossless_end(pp, d.leaves0)
         finally:
             self.kill_leftovers(procs, d)
+            if self.lossless is not None:
+                self.lossless.pfc_off()
             sampler.stop()
         return d
 
@@ -250,8 +269,9 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
 
     def start_beside(self, ph: Phase, d: Drive, estimate: float) -> list[subprocess.Popen]:
         """What runs beside the job, started before it: the elephants (through the job, held
-        in ``d`` to be stopped with it) and the other job's ranks (returned), alone for
-        ``other_job.alone_s`` first."""
+        in ``d`` to be stopped with it), another job's RoCE incast (alone for
+        ``incast.alone_s`` first) and the other job's ranks (alone for
+        ``other_job.alone_s``); the incast's and the ranks' programs returned."""
         pp, work = ph.pp, ph.work
         if ph.econns:
             d.elephants = FlowRunner(self.fabric, [c.spec for c in ph.econns], work,
@@ -260,13 +280,14 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
             d.elephants.start_clients(estimate + ELEPHANT_SPARE_S)
             if d.elephants.wait_connected() is None:
                 raise MachineError("elephant.pairs", "an elephant did not connect")
+        incast = self.start_roce_incast(pp, ph.iconns, work, estimate)
         if not ph.oconns:
-            return []
+            return incast
         (work / "other").mkdir(exist_ok=True)
         others = self.start_ring(otherjob.job_params(pp), pp["other_job"]["hosts"],
                                  ph.oconns, work / "other", [])
         time.sleep(pp["other_job"]["alone_s"])
-        return others
+        return incast + others
 
     def estimate_s(self, job: dict[str, Any], loader: dict[str, Any]) -> float:
         """How long the job may take before it counts as hung: every step's compute, plus
@@ -288,6 +309,8 @@ class JobRun(JobSetup, JobPrograms, JobReadout):
                 else f"{job['size_bytes'] / 1e6:g} MB")
         return (f"[{name}] {len(ph.hosts)} workers on {', '.join(ph.hosts)}: "
                 f"{job['steps']} steps of {job['library']} {job['pattern']} {what}"
+                + (" on RoCE" if job["transport"] == "roce" else "")
+                + (f", {len(ph.iconns)}-sender RoCE incast beside it" if ph.iconns else "")
                 + (f", {len(ph.pinned)} paths placed" if ph.pinned else "")
                 + (f", ECN marking {ph.marking}" if ph.marking else ""))
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from controllers.marking import dctcp_k_bytes
 from lab.kinds.base import Plan
-from lab.kinds.collective import elephant, otherjob
+from lab.kinds.collective import elephant, otherjob, roce
 from lab.kinds.collective import plan as planning
 from lab.kinds.collective.plan import RECEIVER_CC, Conn
 from lab.measure import telemetry
@@ -61,6 +61,7 @@ class Phase:
     lconns: list[Conn] = field(default_factory=list)
     econns: list[Conn] = field(default_factory=list)
     oconns: list[Conn] = field(default_factory=list)
+    iconns: list[Conn] = field(default_factory=list)    # another job's RoCE incast
 
 
 class JobSetup:
@@ -81,6 +82,8 @@ class JobSetup:
     announced: bool = False
 
     host: Callable[[str], Any]                          # JobPrograms': a fabric host
+    roce_ring_conns: Callable[[dict[str, Any], list[str]], list[Conn]]   # RoceJob's
+    incast_conns: Callable[[dict[str, Any]], list[Conn]]                 # RoceJob's
     request: Callable[[dict[str, Any]], dict[str, Any]]  # JobRun's: the controller's answer
 
     # -- planning -----------------------------------------------------------------------------
@@ -104,6 +107,8 @@ class JobSetup:
         job = pp["job"]
         if job["library"] == "gloo":
             return []                   # gloo numbers its own: found after rendezvous
+        if job["transport"] == "roce":
+            return self.roce_ring_conns(pp, hosts)
         if job["pattern"] == "ring":
             conns = planning.ring_conns(hosts, self.job_ips(pp), job, self.sports,
                                         self.next_index)
@@ -203,8 +208,12 @@ class JobSetup:
             self.announced = False
 
     def set_marking(self, pp: dict[str, Any], where: str) -> dict[str, Any] | None:
+        """The phase's marking on its ports: those named, or on a lossless fabric with
+        none named every switch port (``lab.kinds.collective.plan.check_phase``)."""
         body = planning.check_marking(pp["ecn"], where)
-        ports = set(pp["ecn"]["ports"]) if body else set()
+        named = pp["ecn"]["ports"] or ([p.intf for p in self.ports]
+                                       if roce.uses_lossless(pp) else [])
+        ports = set(named) if body else set()
         todo = [{"intf": p, **body} for p in sorted(ports)] if body else []
         todo += [{"intf": p, "off": True} for p in sorted(self.marked - ports)]
         if todo:
@@ -299,6 +308,7 @@ class JobSetup:
         self.next_index += len(econns)
         oconns = otherjob.conns(pp, self.ips, self.sports, self.next_index)
         self.next_index += len(oconns)
+        iconns = self.incast_conns(pp)
         pinned = self.set_paths(pp, conns, econns, oconns)
         self.announce_jobs(pp, conns, oconns)
         k_rule = None
@@ -309,8 +319,8 @@ class JobSetup:
         ecn_flag = 1 if pp["job"]["ecn"] else 0
         for h in {*hosts, *pp["storage"]["hosts"], *pp["other_job"]["hosts"]}:
             self.host(h).cmd(f"sysctl -qw net.ipv4.tcp_ecn={ecn_flag}")
-        watch = [e for c in conns + sconns + lconns + econns + oconns
+        watch = [e for c in conns + sconns + lconns + econns + oconns + iconns
                  for e in c.spec.watch_entries(c.index)]
         self.request({"cmd": "watch", "flows": watch})
         return Phase(pp, work, hosts, conns, sconns, pinned, marking, k_rule, lconns, econns,
-                     oconns)
+                     oconns, iconns)

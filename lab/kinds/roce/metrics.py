@@ -11,27 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from controllers.classes import LOSSLESS_LEAF, LOSSY_LEAF
 from lab.analysis import pauses
 from lab.kinds.base import PhaseCounts, Plan, phased_part
 from lab.kinds.roce.plan import RoceFlow
-
-
-def flow_result(out: dict[str, Any]) -> dict[str, Any]:
-    """A QP's transport numbers in the fields ``lab.measure.result.flow_entries`` reads."""
-    t = out.get("totals") or {}
-    resp = out.get("responder") or {}
-    return {"goodput_bps": float(out.get("goodput_mbps") or 0.0) * 1e6,
-            "retransmits": int(t.get("retransmitted_packets", 0)),
-            "sent_bytes": int(t.get("payload_bytes_sent", 0)),
-            "received_bytes": int(resp.get("payload_bytes_received", 0)),
-            "error": out.get("error")}
-
-
-def _class_drops(classes: dict[str, dict[str, dict[str, int]]], leaf: str) -> dict[str, int]:
-    return {dev: c[leaf]["drops"] for dev, c in classes.items()
-            if leaf in c and c[leaf]["drops"]}
-
 
 #: Seconds after the last QP joined before rates are judged for fairness: DCQCN's rate
 #: recovery, scaled to the lab's link rates (docs/roce.md), takes seconds, not microseconds.
@@ -87,8 +69,8 @@ def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, 
     outputs = details["transport"]
     groups: dict[str, dict[str, Any]] = {}
     for f in flows:
-        # goodput and retransmits are every flow's result (flow_result's for a QP, iperf3's
-        # for TCP); the NIC's own counters only a QP has
+        # goodput and retransmits are every flow's result (lab.workloads.rocebw's for a
+        # QP, iperf3's for TCP); the NIC's own counters only a QP has
         r, o = f.flow.result, outputs.get(f.flow.id) or {}
         t, resp = o.get("totals") or {}, o.get("responder") or {}
         g = groups.setdefault(f.group, {"transport": f.transport, "qps": 0,
@@ -110,19 +92,11 @@ def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, 
             g["qp_errors"].append(f"{f.flow.id}: {o['error']}")
     for g in groups.values():
         g["goodput_bps"] = round(g["goodput_bps"])
-    lossless = _class_drops(details["classes"], LOSSLESS_LEAF)
-    lossy = _class_drops(details["classes"], LOSSY_LEAF)
-    tree = pauses.pause_tree(details["pfc"], details["pfc_feeders"])
     pfc = details["pfc"] or {}
     return {
         "pfc": bool(pp["pfc"]["enabled"]), "ecn": pp["ecn"]["marking"],
         "cc": pp["roce"]["cc"], "groups": groups,
-        "lossless_drops": sum(lossless.values()), "lossless_drops_by_port": lossless,
-        "lossy_drops": sum(lossy.values()),
-        "pause_time_s": round(sum(tree["paused_ns"].values()) / 1e9, 4),
-        "pause_frames": sum(c.get("pause_frames_tx", 0)
-                            for c in pauses.lossless_counters(pfc).values()),
-        "pause_tree": tree,
+        **pauses.summary(details["classes"], details["pfc"], details["pfc_feeders"]),
         "ce_marked": sum(ln.get("ce_marked", 0) for ln in details["links"]),
         "pfcd_cpu_per_s": (pfc.get("cpu") or {}).get("per_s"),
         "fairness": fairness(pp, flows, details),

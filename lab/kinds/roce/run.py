@@ -12,7 +12,6 @@ leaf read again.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import time
@@ -20,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from controllers import cbuild
-from controllers.classes import ROCE_DSCP
 from lab.agents import roce as roce_agent
 from lab.kinds.base import PhaseCounts, Plan, Progress, bring_up
 from lab.kinds.roce import metrics
@@ -34,14 +32,11 @@ from lab.measure.result import flow_entries
 from lab.measure.window import Window
 from lab.model.errors import MachineError
 from lab.net.lossless import LosslessClass
+from lab.workloads import rocebw
 from lab.workloads.traffic import FlowRunner
 
 if TYPE_CHECKING:
     from lab.net.fabric import Fabric
-
-#: Seconds a receiver's server may take to bind UDP 4791.
-BIND_TIMEOUT_S = 10.0
-
 
 def prepare(_plan: Plan) -> Path:
     """``roce_bw`` built (clang, cached by source digest) before anything starts: a
@@ -128,9 +123,9 @@ class RoceRun:
         d = self.drive(name, pp, flows, window, work)
         judged = window.judge(window.t_start, d["t_end"])
         roce = [f for f in flows if f.transport == "roce"]
-        outputs = read_outputs(roce, work)
+        outputs = rocebw.read_outputs([f.flow for f in roce], work)
         for f in roce:
-            f.flow.result = metrics.flow_result(outputs[f.flow.id])
+            f.flow.result = rocebw.flow_result(outputs[f.flow.id])
         fentries = flow_entries([f.flow for f in flows], window.flow_deltas(), self.topo,
                                 [index[id(f)] for f in flows])
         links = window.links()
@@ -170,7 +165,10 @@ class RoceRun:
             if pp["pfc"]["enabled"]:
                 self.lossless.pfc_on(pp)
             leaves0 = class_counts.leaf_counters(ends)
-            servers = self.start_servers(roce, pp, work)
+            rates = {ln["a"]: ln["bw_mbps"] for ln in self.topo["links"]
+                     if ln["a"] in self.hosts}
+            servers = rocebw.start_servers(self.fabric, self.binary,
+                                           {f.flow.dst: rates[f.flow.dst] for f in roce}, work)
             tcp.start_servers()
             window.sampler.start()
             window.open()
@@ -199,26 +197,6 @@ class RoceRun:
         tcp.collect()
         return d
 
-    def start_servers(self, flows: list[RoceFlow], pp: dict[str, Any],
-                      work: Path) -> list[subprocess.Popen]:
-        """One ``roce_bw --server`` per receiver, bound before this returns."""
-        procs = []
-        rates = {ln["a"]: ln["bw_mbps"] for ln in self.topo["links"] if ln["a"] in self.hosts}
-        for rx in sorted({f.flow.dst for f in flows}):
-            argv = [str(self.binary), "--server", "--rate-mbps", f"{rates[rx]:g}",
-                    "--out", str(work / f"server-{rx}.json")]
-            procs.append(programs.spawn(self.fabric, rx, argv, work / f"server-{rx}.log",
-                                        f"roce_bw server in {rx}", "traffic"))
-        deadline = time.monotonic() + BIND_TIMEOUT_S
-        for rx, proc in zip(sorted({f.flow.dst for f in flows}), procs, strict=True):
-            while ":4791 " not in self.fabric.host(rx).cmd("ss -Hlun"):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log = (work / f"server-{rx}.log").read_text(errors="replace")
-                    raise MachineError("roce_bw", f"{rx}: the server did not bind UDP 4791: "
-                                       f"{log.strip()[-300:]}")
-                time.sleep(0.05)
-        return procs
-
     def run_clients(self, name: str, flows: list[RoceFlow], pp: dict[str, Any],
                     work: Path) -> list[tuple[RoceFlow, subprocess.Popen]]:
         """Each flow's client at its start time; returns once every client has exited."""
@@ -230,13 +208,8 @@ class RoceRun:
         with Ticker(duration, f"[{self.plan.policy_label}] {name}"):
             for f in sorted(flows, key=lambda x: x.start_s):
                 time.sleep(max(0.0, t0 + f.start_s - time.monotonic()))
-                argv = [str(self.binary), "--client", f.flow.dst_ip,
-                        "--out", str(work / f"{f.flow.id}.json"),
-                        "--duration", f"{duration - f.start_s:g}",
-                        "--rate-mbps", f"{f.flow.rate_bps / 1e6:g}", "--cc", r["cc"],
-                        "--mtu", str(r["mtu"]), "--size", str(r["size_bytes"]),
-                        "--tx-depth", str(r["tx_depth"]), "--rto-ms", f"{r['rto_ms']:g}",
-                        "--src-port", str(f.flow.sport), "--dscp", str(ROCE_DSCP)]
+                argv = rocebw.client_argv(self.binary, f.flow, r, duration - f.start_s,
+                                          work / f"{f.flow.id}.json")
                 started.append((f, programs.spawn(
                     self.fabric, f.flow.src, argv, work / f"{f.flow.id}.log",
                     f"roce_bw client {f.flow.id}", "traffic")))
@@ -248,30 +221,3 @@ class RoceRun:
                     p.send_signal(signal.SIGTERM)
                     p.wait(timeout=10)
         return started
-
-
-def read_outputs(flows: list[RoceFlow], work: Path) -> dict[str, dict[str, Any]]:
-    """Each flow's client JSON with its QP's responder counters from the server's
-    (matched by the client's address and QPN), or an error naming what is missing."""
-    servers: dict[str, dict[str, Any]] = {}
-    out: dict[str, dict[str, Any]] = {}
-    for f in flows:
-        rx = f.flow.dst
-        if rx not in servers:
-            path = work / f"server-{rx}.json"
-            servers[rx] = json.loads(path.read_text()) if path.is_file() else {}
-        path = work / f"{f.flow.id}.json"
-        if not path.is_file():
-            log = (work / f"{f.flow.id}.log")
-            text = log.read_text(errors="replace").strip()[-300:] if log.is_file() else ""
-            out[f.flow.id] = {"error": f"roce_bw wrote no result: {text}", "missing": True}
-            continue
-        client = json.loads(path.read_text())
-        qp = (client.get("qps") or [{}])[0]
-        resp = [r for r in servers[rx].get("qps", [])
-                if r.get("client") == f.flow.src_ip and r.get("peer_qpn") == qp.get("qpn")]
-        out[f.flow.id] = {**client, "responder": resp[0] if resp else None}
-        if not resp and not client.get("error"):
-            out[f.flow.id].update(error=f"{rx}'s server has no responder for {f.flow.id}",
-                                  missing=True)
-    return out
