@@ -41,7 +41,8 @@ def checks(answer: Any, result: dict[str, Any]) -> list[Outcome]:
         Outcome("the root of the pauses", root == truth_root,
                 f"yours {root!r}, the lab's {truth_root!r}",
                 "the root sent PAUSE (pause_frames_tx > 0) but was never paused itself "
-                "(pause_frames_rx == 0): its own egress queue passed XOFF"),
+                "(pause_frames_rx == 0): its own egress queue passed XOFF; of two such "
+                "ports, the one that sent most PAUSE"),
         Outcome("how far they spread", hops == tree["max_hops"],
                 f"yours {hops!r}, the lab's {tree['max_hops']}",
                 "a paused port is one hop further than the port it feeds; a port feeds a "

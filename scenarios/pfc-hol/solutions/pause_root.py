@@ -34,7 +34,9 @@ def pause_root(given: dict[str, Any]) -> tuple[str | None, int]:
     prio = {p["dev"]: p["priorities"].get(PRIORITY, {}) for p in given["pfc"]["ports"]}
     sent = {d for d, c in prio.items() if c.get("pause_frames_tx", 0) > 0}
     paused = {d for d, c in prio.items() if c.get("pause_frames_rx", 0) > 0}
-    roots = sorted(sent - paused)
+    # two roots: the one that sent most PAUSE is where the pauses spread from (another may
+    # pass XOFF once, filled by a burst let go when a pause ended)
+    roots = sorted(sent - paused, key=lambda d: (-prio[d]["pause_frames_tx"], d))
     if not roots:
         return None, 0
     feeds = feeders(given["topology"])
