@@ -179,11 +179,23 @@ def pfc_config(topo_desc: dict[str, Any], pp: dict[str, Any],
             "pause_bps": int(slowest * 1e6 * p["pause_pct"] / 100)}
 
 
+#: A switch's tier in the fabric, hosts below every switch: traffic goes up, then down.
+TIERS = {"leaf": 1, "edge": 1, "agg": 2, "spine": 2, "core": 3}
+
+
 def watched_ports(topo_desc: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every switch egress port with its feeders: the far ends of the switch's other links,
-    whose egress brings traffic into the switch (a host's NIC, or a neighbour switch's port).
-    Each as {dev, node, peer, bw_mbps, feeders: [{node, dev, bw_mbps, delay_ms}]}."""
-    switches = {s["name"] for s in topo_desc["switches"]}
+    """Every switch egress port with its feeders: the far ends of the switch's links whose
+    egress can bring traffic to this port (a host's NIC, or a neighbour switch's port).
+    Each as {dev, node, peer, bw_mbps, feeders: [{node, dev, bw_mbps, delay_ms}]}.
+
+    Why not every other link: the fabrics' routing is up-down (valley-free), so what comes
+    down from a higher tier never leaves by a port that goes up again. A port towards a
+    higher tier is fed by its switch's lower-tier links only. Pausing a downlink for an
+    uplink's queue would hold traffic that never enters it, and it closes a loop of pauses
+    (leaf2 up to spine1, spine1 down to leaf1, leaf1 up to spine2, spine2 down to leaf2):
+    such a loop held a fabric paused for seconds, and a port that a paused class leaks into
+    dropped in the lossless class."""
+    switches = {s["name"]: TIERS.get(s.get("role", ""), 1) for s in topo_desc["switches"]}
     ends: dict[str, list[dict[str, Any]]] = {s: [] for s in switches}
     for ln in topo_desc["links"]:
         for node, port, peer, pport in ((ln["a"], ln["a_port"], ln["b"], ln["b_port"]),
@@ -191,6 +203,7 @@ def watched_ports(topo_desc: dict[str, Any]) -> list[dict[str, Any]]:
             if node in switches:
                 ends[node].append({"dev": f"{node}-eth{port}", "node": node, "peer": peer,
                                    "peer_dev": f"{peer}-eth{pport}",
+                                   "up": switches.get(peer, 0) > switches[node],
                                    "bw_mbps": ln["bw_mbps"],
                                    "delay_ms": ln.get("delay_ms", 0.0)})
     out = []
@@ -198,7 +211,8 @@ def watched_ports(topo_desc: dict[str, Any]) -> list[dict[str, Any]]:
         for e in sorted(ends[sw], key=lambda x: x["dev"]):
             feeders = [{"node": o["peer"], "dev": o["peer_dev"], "bw_mbps": o["bw_mbps"],
                         "delay_ms": o["delay_ms"]}
-                       for o in ends[sw] if o["dev"] != e["dev"]]
+                       for o in ends[sw] if o["dev"] != e["dev"]
+                       and not (e["up"] and o["up"])]
             out.append({"dev": e["dev"], "node": sw, "peer": e["peer"],
                         "bw_mbps": e["bw_mbps"], "feeders": feeders})
     return out

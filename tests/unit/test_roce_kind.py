@@ -58,7 +58,7 @@ def test_the_scenario_plans_one_qp_per_sender_and_phase() -> None:
     assert len({f.flow.sport for f in given.flows}) == len(given.flows)
 
 
-def test_every_switch_port_is_fed_by_the_far_ends_of_its_switchs_other_links() -> None:
+def test_every_switch_port_is_fed_by_the_links_whose_traffic_can_leave_by_it() -> None:
     topo = run.check_input("pfc-hol", None, [], None, None).topo_desc
     ports = {p["dev"]: p for p in lossless.watched_ports(topo)}
     assert len(ports) == 2 * (4 + 2) + 2 * 2
@@ -67,6 +67,11 @@ def test_every_switch_port_is_fed_by_the_far_ends_of_its_switchs_other_links() -
     # h2..h4's NICs and both spines' ports towards leaf1 feed leaf1
     assert sorted(f["dev"] for f in to_h1["feeders"]) == [
         "h2-eth0", "h3-eth0", "h4-eth0", "spine1-eth1", "spine2-eth1"]
+    # up-down routing: what comes down from a spine never goes up again, so a leaf's
+    # uplink is fed by its hosts alone, and a spine's port by the other leaves' uplinks
+    assert sorted(f["dev"] for f in ports["leaf1-eth5"]["feeders"]) == [
+        "h1-eth0", "h2-eth0", "h3-eth0", "h4-eth0"]
+    assert [f["dev"] for f in ports["spine1-eth1"]["feeders"]] == ["leaf2-eth5"]
 
 
 def test_the_classes_put_roce_and_cnps_in_the_lossless_class() -> None:

@@ -1,0 +1,52 @@
+"""The collective kind on RoCE (``job.transport: roce``, ``incast``): every setting it
+cannot run is refused before anything starts, naming the key as the user wrote it."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab import run
+from lab.kinds.collective import roce
+from lab.kinds.collective.plan import phase_params
+from lab.model.errors import ScenarioError
+
+
+@pytest.mark.parametrize("sets, field", [
+    (["job.library=gloo"], "job.transport"),           # gloo speaks TCP only
+    (["job.buckets=2"], "job.buckets"),
+    (["job.sizes=[262144, 524288]"], "job.sizes"),
+    (["job.straggler_rank=1", "job.straggler_s=0.1"], "job.straggler_rank"),
+    (["loader.enabled=true", "storage.hosts=[h4]"], "loader.enabled"),
+    (["roce.mtu=2048"], "roce.mtu"),                    # larger than the links'
+    (['phases.dcqcn.ecn.marking="off"'], "phases.dcqcn.roce.cc"),   # DCQCN, nothing marks
+    (["pfc.xoff_bytes=75000"], "pfc.xoff_bytes"),       # XOFF at the queue's size
+    (["pfc.xon_bytes=20000"], "pfc.xon_bytes"),         # XON above XOFF
+    (["pfc.priority=4"], "pfc.priority"),               # no class on priority 4
+    (["classes.host_bytes=50000"], "classes.host_bytes"),   # below a 64 KiB ring chunk
+    (["incast.from=[h7, h99]"], "incast.from"),
+    (["incast.to=h99"], "incast.to"),
+    (["incast.from=[h7, h1]"], "incast.from"),          # h1 runs a rank of the job
+    (["incast.to=h5"], "incast.to"),                    # so does h5
+    (["incast.from=[h4]"], "incast.to"),                # h4 to itself
+    (["phases.alone.incast.to=h4"], "phases.alone.incast.from"),  # a receiver, no sender
+    (["topology.link_delay_ms=1"], "topology.link_delay_ms"),
+])
+def test_bad_input_names_the_key(sets: list[str], field: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        run.check_input("roce-allreduce", None, sets, None, None)
+    assert err.value.field == field, str(err.value)
+
+
+def test_a_tcp_ring_beside_the_incast_runs_on_the_lossless_fabric() -> None:
+    """A phase whose ring is TCP still has the incast's RoCE: the run lays the classes, and
+    marking with no port named marks every switch port."""
+    given = run.check_input("roce-allreduce", None, ['job.transport="tcp"'], None, None)
+    phases = phase_params(given.params)
+    assert all(roce.uses_lossless(pp) for n, pp in phases.items() if n != "alone")
+    assert not roce.uses_lossless(phases["alone"])
+
+
+def test_gloo_is_refused_with_why() -> None:
+    with pytest.raises(ScenarioError) as err:
+        run.check_input("roce-allreduce", None, ["job.library=gloo"], None, None)
+    assert "gloo speaks TCP only" in str(err.value)
