@@ -509,7 +509,7 @@ def render(diagnosis: dict[str, dict[str, Any]]) -> list[str]:
 #: What a phase's metrics echo of its settings rather than measure (``other_job``: the
 #: other job's hosts as configured, and its slowdown against a phase the scenario names).
 SETTING_ECHOES = ("paths", "placement", "pins", "marking", "cc", "library", "program", "hosts",
-                  "other_job")
+                  "other_job", "transport")
 #: What the lab wrote on each flow that a flow record (the 5-tuple, its bytes, its path)
 #: does not have: the name it gave the flow, the role it started it for (``kind``), the
 #: rank and epoch it belongs to, its configured rate and congestion control. The stripped

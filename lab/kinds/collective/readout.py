@@ -8,6 +8,7 @@ marks, the phase's fidelity window and its metrics.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,9 @@ class JobReadout:
     bw: dict[tuple[str, str], float]
     leaf_of: dict[str, str]
     marked: set[str]
+    # RoceJob's: a ring QP's counters from its rank, and the incast's QPs' results
+    attach_roce_results: Callable[[list[Conn], list[dict[str, Any]]], None]
+    incast_results: Callable[[list[Conn], Path], dict[str, Any]]
 
     def bottleneck_bps(self, flows: list[dict[str, Any]]) -> float:
         """The slowest configured link any of the job's connections crossed."""
@@ -81,10 +85,9 @@ class JobReadout:
         pp, window, work = ph.pp, d.window, ph.work
         all_conns = ph.conns + ph.sconns + ph.lconns + ph.econns + ph.oconns + ph.iconns
         outputs = self.read_outputs(pp, ph.hosts, ph.conns, work)
-        if pp["job"]["transport"] == "roce":
-            self.attach_roce_results(ph.conns, outputs)
-        else:
-            self.attach_results(ph.conns, outputs)
+        attach = self.attach_roce_results if pp["job"]["transport"] == "roce" \
+            else self.attach_results
+        attach(ph.conns, outputs)
         incast = self.incast_results(ph.iconns, work) if ph.iconns else None
         self.attach_loader_results(ph.lconns, outputs)
         self.attach_client_results(ph.sconns, work)
@@ -109,17 +112,7 @@ class JobReadout:
                               "ports": sorted(self.marked)}
         if ph.k_rule is not None:
             metrics["marking"]["k_rule"] = ph.k_rule
-        metrics["library"] = pp["job"]["library"]
-        metrics["program"] = pp["job"]["program"]
-        if pp["job"]["library"] == "gloo":
-            metrics["gloo"] = self.gloo_summary(ph, outputs, flows)
-        metrics["cc"] = pp["job"]["cc"]
-        metrics["paths"] = pp["placement"]["paths"]
-        by_tuple = {(f["src_ip"], f["sport"], f["dst_ip"], f["dport"]): f["id"] for f in flows}
-        metrics["pins"] = [{"flow": by_tuple.get((p["src"], p["sport"], p["dst"], p["dport"])),
-                            "switch": p["switch"], "port": p["port"]} for p in ph.pinned]
-        metrics["placement"] = pp["placement"]["hosts"]
-        metrics["hosts"] = ph.hosts
+        metrics.update(self.settings_used(ph, outputs, flows))
         metrics["cpu_idle_min_pct"] = judged["cpu_idle_min_pct"]
         metrics["lab_cpu_pct"] = judged["lab_cpu_pct"]
         metrics["fidelity_window_s"] = judged["window_s"]
@@ -129,7 +122,6 @@ class JobReadout:
         metrics["fidelity_valid"] = (headroom.cpu_verdict(judged) is None
                                      and not any(o.get("error") for o in outputs)
                                      and not (incast or {}).get("lost"))
-        metrics["transport"] = pp["job"]["transport"]
         if incast is not None:
             metrics["incast"] = incast
         if d.lossless:
@@ -167,6 +159,23 @@ class JobReadout:
             # what each storage host served: its batches' bytes are the loaders' bytes
             out["gpu_wait"] = {"ranks": ranks, "storage": {
                 srv: load(work / f"storage-{srv}.json") for srv in pp["storage"]["hosts"]}}
+        return out
+
+    def settings_used(self, ph: Phase, outputs: list[dict[str, Any]],
+                      flows: list[dict[str, Any]]) -> dict[str, Any]:
+        """What the phase ran with, beside what it measured: the library, program, transport,
+        congestion control, paths and pins, placement and hosts (the GPU-wait diagnosis
+        reads none of them: ``lab.analysis.gpuwait.SETTING_ECHOES``)."""
+        pp = ph.pp
+        by_tuple = {(f["src_ip"], f["sport"], f["dst_ip"], f["dport"]): f["id"] for f in flows}
+        out = {"library": pp["job"]["library"], "program": pp["job"]["program"],
+               "transport": pp["job"]["transport"], "cc": pp["job"]["cc"],
+               "paths": pp["placement"]["paths"],
+               "pins": [{"flow": by_tuple.get((p["src"], p["sport"], p["dst"], p["dport"])),
+                         "switch": p["switch"], "port": p["port"]} for p in ph.pinned],
+               "placement": pp["placement"]["hosts"], "hosts": ph.hosts}
+        if pp["job"]["library"] == "gloo":
+            out["gloo"] = self.gloo_summary(ph, outputs, flows)
         return out
 
     @staticmethod
