@@ -17,9 +17,12 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-#: Where built programs are kept when the caller names no directory: the lab's state
-#: directory (``lab.machine.state.STATE_DIR``, which honours the same variable) + build.
-BUILD_DIR = Path(os.environ.get("FABRICLAB_STATE", "/run/fabriclab")) / "build"
+#: Where built programs are kept when the caller names no directory: a cache on the root
+#: filesystem, beside the lab's other caches. Not the state directory under /run: on a
+#: machine with systemd (a plain Debian 12, the VM lane's guests, the Vagrant box) /run is a
+#: tmpfs mounted noexec, and a program built there cannot be run. A program's name is its
+#: sources' digest, so the cache outlives a reboot safely.
+BUILD_DIR = Path(os.environ.get("FABRICLAB_BUILD_CACHE", "/var/cache/fabriclab/build"))
 CFLAGS = ("-O2", "-g", "-Wall", "-Wextra", "-Werror", "-std=gnu11")
 _TIMEOUT_S = 180
 #: Characters ``str.splitlines`` breaks at, each shown as its escape: the compiler's

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from controllers import cbuild
 from lab.machine import state
 from lab.model import scenario
 from lab.net.topologies import describe, make_topology
@@ -260,9 +261,12 @@ def files_of_run(marker: Path, trace: Path, out: Path, pytest_tmp: str
                  ) -> tuple[list[str], list[str], list[str], set[str]]:
     """(new files outside the skipped folders, those the run wrote, the run's writes outside
     its folders, all the run's writes)."""
-    found = new_files(marker, [*PSEUDO, str(state.STATE_DIR), str(out), pytest_tmp, *OVS_OWN])
+    # the lab's own places: its state, the run's folder, and the programs it builds (a
+    # cache named by their sources' digests)
+    own = [str(state.STATE_DIR), str(out), str(cbuild.BUILD_DIR)]
+    found = new_files(marker, [*PSEUDO, *own, pytest_tmp, *OVS_OWN])
     written = traced_writes(trace)
-    allowed = [*PSEUDO, str(state.STATE_DIR), str(out)]
+    allowed = [*PSEUDO, *own]
     outside = sorted(p for p in written if not under(p, allowed)
                      and not (under(p, [str(REPO)]) and "/__pycache__/" in p))
     by_run = [f for f in found if f in written or any(

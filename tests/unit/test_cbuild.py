@@ -3,6 +3,7 @@ not, and a compile error is one BuildError line carrying the compiler's message.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -47,6 +48,9 @@ def test_an_object_for_another_target_takes_only_its_own_flags(tmp_path: Path) -
     assert cbuild.compile_object("obj", src, flags=["-O2"], build_dir=tmp_path / "build") == obj
 
 
-def test_the_default_build_dir_is_the_labs_state_dir() -> None:
-    """The controller cannot import the lab, so it names the directory itself: the same."""
-    assert cbuild.BUILD_DIR == state.STATE_DIR / "build"
+def test_the_default_build_dir_is_not_under_the_state_dir_on_run() -> None:
+    """Programs are built where they can be run: /run is mounted noexec on systemd
+    machines (the lab's state lives there), /var/cache is not."""
+    assert not cbuild.BUILD_DIR.is_relative_to(state.STATE_DIR)
+    assert Path("/var/cache/fabriclab/build") == cbuild.BUILD_DIR or \
+        "FABRICLAB_BUILD_CACHE" in os.environ
