@@ -53,7 +53,10 @@ SECURITY_MIRROR = os.environ.get("FABRICLAB_VM_SECURITY_MIRROR",
                                  "http://deb.debian.org/debian-security")
 #: What a bootable guest needs beyond the lab's own packages (lab/packages.txt).
 BASE_PACKAGES = ("linux-image-amd64", "initramfs-tools", "systemd-sysv", "udev", "kmod",
-                 "make", "tar", "sudo", "openssh-server", "openssh-client", "rsync")
+                 "make", "tar", "sudo", "openssh-server", "openssh-client", "rsync",
+                 # real RoCE to check the lab's transport against: Soft-RoCE (rdma_rxe,
+                 # in the guest's kernel only), its verbs provider, perftest's ib_write_bw
+                 "rdma-core", "ibverbs-providers", "perftest")
 #: Kernel modules loaded at boot: the 9p shares, and the full-kernel paths the lab probes.
 GUEST_MODULES = ("9p", "9pnet_virtio", "openvswitch", "sch_netem", "sch_red", "tcp_dctcp",
                  "ip_gre")
