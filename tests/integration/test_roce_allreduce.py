@@ -5,7 +5,7 @@ Four ``roce_ring`` ranks (h1, h5, h2, h6: every hop crosses the spines) all-redu
 step in the lossless class; three ``roce_bw`` QPs of another job write into h4, whose port
 none of the ring's QPs uses. One run, three phases, each on its own counters:
 
-- alone: the ring with nothing beside it; no pause, no cause named;
+- alone: the ring with nothing beside it; hardly a pause, no cause named;
 - PFC only: the lossless class drops nothing, the incast's port is the pauses' main root,
   pauses spread upstream and hold the ring's paths, so its exposed all-reduce grows; the
   GPU-wait diagnosis names "pause", with the root and the paused ports on the ring's paths
@@ -77,7 +77,10 @@ def test_each_rank_sent_its_share_of_the_all_reduce(ra: dict) -> None:
 def test_pfc_holds_the_ring_for_a_port_none_of_its_qps_uses(ra: dict) -> None:
     alone, pfc = phase(ra, "alone"), phase(ra, "pfc")
     assert pfc["lossless_drops"] == 0 and alone["lossless_drops"] == 0
-    assert alone["pause_time_s"] == 0
+    # the ring alone may pass XOFF for a moment (a burst into a port after idle: 0.04 s in
+    # one fresh-clone run), never for long
+    assert alone["pause_time_s"] < pfc["pause_time_s"] / 100, (alone["pause_time_s"],
+                                                              pfc["pause_time_s"])
     tree = pfc["pause_tree"]
     assert tree["roots"][0] == ROOT and tree["max_hops"] >= 2, tree
     assert pfc["comm_p50_s"] > GROWN * alone["comm_p50_s"], (pfc["comm_p50_s"],
@@ -117,4 +120,4 @@ def test_dcqcn_brings_the_step_back(ra: dict) -> None:
 def test_regress_holds_a_policy_to_the_lossless_class(ra: dict) -> None:
     held = kinds.get("collective").regress_metrics(ra)
     assert held["pfc.lossless_drops"] == 0 and held["pfc.pause_time_s"] > 0
-    assert held["alone.pause_time_s"] == 0
+    assert held["alone.pause_time_s"] < held["pfc.pause_time_s"]
