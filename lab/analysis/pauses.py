@@ -41,7 +41,11 @@ def lossless_counters(pfc: Any) -> dict[str, dict[str, Any]]:
 def paused_ns(pfc: Any) -> dict[str, int]:
     """{port: nanoseconds its lossless class was held} for every port PFC paused (it
     received PAUSE), in port order."""
-    return {d: int(c.get("paused_ns") or 0) for d, c in sorted(lossless_counters(pfc).items())
+    return _held_ns(lossless_counters(pfc))
+
+
+def _held_ns(counters: dict[str, dict[str, Any]]) -> dict[str, int]:
+    return {d: int(c.get("paused_ns") or 0) for d, c in sorted(counters.items())
             if c.get("pause_frames_rx")}
 
 
@@ -51,8 +55,9 @@ def pause_tree(pfc: dict[str, Any] | None, feeds: dict[str, list[str]]) -> dict[
     counters (``pfc``, None when PFC did not run); every port by its device name."""
     if not pfc:
         return {"roots": [], "hops": {}, "paused_ns": {}, "max_hops": 0, "root_frames": {}}
-    held = paused_ns(pfc)
-    sent = {d: int(c["pause_frames_tx"]) for d, c in lossless_counters(pfc).items()
+    counters = lossless_counters(pfc)
+    held = _held_ns(counters)
+    sent = {d: int(c["pause_frames_tx"]) for d, c in counters.items()
             if c.get("pause_frames_tx")}
     paused = set(held)
     # the root that sent most PAUSE first: the congested port the pauses spread from, before

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 class LosslessClass:
     """The fabric's ports with their classes, and PFC on the lossless one when a phase
-    asks. ``request`` is the caller's way to the controller: it raises on a refusal."""
+    asks. ``request`` is the caller's way to the controller (``LabController.request``,
+    which raises on a refusal)."""
 
     def __init__(self, fabric: Fabric, topo: dict[str, Any],
                  request: Callable[[dict[str, Any]], dict[str, Any]]) -> None:

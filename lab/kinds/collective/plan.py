@@ -191,7 +191,9 @@ def check_marking(ecn: dict[str, Any], where: str) -> dict[str, Any] | None:
 
 
 def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
-                over: dict[str, Any] | None = None) -> None:
+                over: dict[str, Any] | None = None, lossless: bool = False) -> None:
+    """One phase's settings on this topology; ``lossless``: whether the run lays the
+    lossless class on the ports (some phase has RoCE traffic)."""
     job = pp["job"]
     f = field_namer(name, over or {})
     n = job["workers"]
@@ -222,6 +224,7 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
         else place_workers(topo_desc, pp, random.Random(0))
     beside.check_elephants(pp, topo_desc, known, f)
     beside.check_other_job(pp, topo_desc, known, f)
+    roce.check(pp, topo_desc, known, lossless, f)
     if job["interface"] == "mgmt":
         if not topo_desc.get("mgmt"):
             raise ScenarioError(f("job.interface"), "this topology has no management network "
@@ -406,11 +409,8 @@ def check(params: dict[str, Any], topo_desc: dict[str, Any]) -> dict[str, dict[s
     if lossless:
         check_netem(topo_desc, "a collective on RoCE")
     for name, pp in phases.items():
-        check_phase(name, pp, topo_desc, raw.get(name) or {})
+        check_phase(name, pp, topo_desc, raw.get(name) or {}, lossless)
         f = field_namer(name, raw.get(name) or {})
-        known = None if pp["placement"]["hosts"] == "scattered" \
-            else place_workers(topo_desc, pp, random.Random(0))
-        roce.check(pp, topo_desc, known, lossless, f)
         if pp["other_job"]["announce"]:
             beside.check_job_aware(str(params.get("policy", "")), f("other_job.announce"))
         base = pp["other_job"]["baseline"]

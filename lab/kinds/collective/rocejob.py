@@ -100,7 +100,7 @@ class RoceJob:
         return procs
 
     def start_roce_incast(self, pp: dict[str, Any], iconns: list[Conn], work: Path,
-                     duration_s: float) -> list[subprocess.Popen]:
+                          duration_s: float) -> list[subprocess.Popen]:
         """The incast's server and its QPs, running ``incast.alone_s`` before this returns
         (the pauses it causes are under way when the job starts); every program returned,
         to be stopped with the job."""

@@ -60,7 +60,7 @@ def on_fabric(plan_: Plan, fabric: Fabric, progress: Progress,
     job = JobRun(plan_, fabric, progress)
     lossless = [pp for pp in phases_pp.values() if roce.uses_lossless(pp)]
     if lossless:       # the classes are the fabric's: laid once, sized by the first RoCE phase
-        job.lossless = LosslessClass(fabric, plan_.topo_desc, job.checked_request)
+        job.lossless = LosslessClass(fabric, plan_.topo_desc, job.request)
         job.lossless.classes_on(lossless[0])
     for name, pp in phases_pp.items():
         t0 = time.monotonic()
@@ -129,13 +129,6 @@ class JobRun(JobSetup, JobPrograms, JobReadout, RoceJob):
     def request(self, msg: dict[str, Any]) -> dict[str, Any]:
         assert self.fabric.controller is not None
         return self.fabric.controller.request(msg)
-
-    def checked_request(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """The controller's answer, or a MachineError naming the command it refused."""
-        reply = self.request(msg)
-        if not reply.get("ok", False):
-            raise MachineError(msg["cmd"], str(reply.get("error")))
-        return reply
 
     def ecn_counters(self) -> dict[str, dict[str, int]]:
         if not self.marked and self.plan.env.ecn == "none":
