@@ -291,6 +291,29 @@ def test_random_loss_is_recovered_by_go_back_n(rig: Rig, clean_run: dict,
     assert client["goodput_mbps"] < clean_run["client"]["goodput_mbps"]
 
 
+def test_a_host_queue_that_refuses_loses_nothing(rig: Rig, tmp_path: Path) -> None:
+    """A's own port at 20 Mbit/s with a 3 kB FIFO, less than the raw socket may have queued
+    below it, and the client paced at 50: the FIFO refuses packets on entry; the program
+    keeps each and sends it again (a NIC loses nothing it could not queue), so there is no
+    NAK, no timeout and nothing sent twice, and the port's rate is the goodput's."""
+    dev, iters = rig.dev("a", "s"), 40
+    for cmd in tc_commands(dev, 20, 3000):
+        rig.ns(rig.ns_a, *cmd.split())
+    try:
+        client, server, code = rig.run(tmp_path, *BASE_ARGS, "--iters", str(iters),
+                                       "--cc", "none")
+    finally:
+        rig.ns(rig.ns_a, "tc", "qdisc", "del", "dev", dev, "root")
+    sent = client["totals"]
+    print(f"\nrefused {client['tx_refused']} times; goodput {client['goodput_mbps']} Mbit/s;"
+          f" {sent}")
+    assert code == 0 and client["error"] is None, client["error"]
+    assert client["tx_refused"] > 0
+    assert sent["naks_received"] == sent["rto_events"] == sent["retransmitted_packets"] == 0
+    assert server["totals"]["payload_bytes_received"] == 2 * iters * SIZE   # 2 QPs
+    assert client["goodput_mbps"] > 0.8 * 20 * MTU / FULL_WIRE
+
+
 def test_ce_marks_bring_paced_cnps_and_dcqcn_cuts(rig: Rig, tmp_path: Path) -> None:
     """(4) Every RoCE data packet marked CE on S's port towards B: the server sends at most
     one CNP per QP per interval (DSCP 48, not ECN-capable, tshark: opcode 0x81), and with

@@ -133,6 +133,11 @@ void host_open_sockets(struct host *h)
 	int queue = HOST_NIC_QUEUE_BYTES;
 	if (setsockopt(h->tx, SOL_SOCKET, SO_SNDBUF, &queue, sizeof(queue)))
 		host_die("SO_SNDBUF");
+	/* Without it a raw socket reports a packet its port's qdisc dropped on entry as sent
+	 * (ENOBUFS is swallowed): a queue smaller than SO_SNDBUF would lose packets in the
+	 * host, which a NIC never does. With it the send fails and the packet waits. */
+	if (setsockopt(h->tx, IPPROTO_IP, IP_RECVERR, &one, sizeof(one)))
+		host_die("IP_RECVERR");
 }
 
 uint32_t host_route_source(uint32_t dst, const char *why)
@@ -164,6 +169,11 @@ void host_flush(struct host *h)
 			if (!h->blocked)
 				h->tx_blocked++;
 			h->blocked = 1;
+			h->retry_ns = 0;
+			if (errno == ENOBUFS) {
+				h->tx_refused++;
+				h->retry_ns = host_now_ns() + HOST_REFUSED_RETRY_NS;
+			}
 			int left = h->ntx - done;
 			for (int i = 0; i < left; i++) {
 				memcpy(h->txbuf[i], h->txbuf[done + i], h->txv[done + i].iov_len);
@@ -188,6 +198,7 @@ void host_flush(struct host *h)
 	}
 	h->ntx = 0;
 	h->blocked = 0;
+	h->retry_ns = 0;
 }
 
 void host_queue(struct host *h, uint32_t saddr, uint32_t daddr, uint16_t sport, uint8_t tos,
@@ -420,13 +431,17 @@ void host_wait(struct host *h, uint64_t wake)
 {
 	uint64_t now = host_now_ns();
 	/* Sleep at most 100 ms: nothing is lost by looking around now and then. */
+	if (h->blocked && h->retry_ns && h->retry_ns < wake)
+		wake = h->retry_ns;
 	uint64_t dt = wake <= now ? 0 : wake - now;
 	if (dt > 100000000ull)
 		dt = 100000000ull;
 	struct timespec ts = {.tv_sec = (time_t)(dt / 1000000000ull),
 			      .tv_nsec = (long)(dt % 1000000000ull)};
 	struct pollfd pfd[2] = {{.fd = h->rx, .events = POLLIN}, {.fd = h->tx, .events = POLLOUT}};
-	if (ppoll(pfd, h->blocked ? 2 : 1, &ts, &wait_mask) < 0 && errno != EINTR)
+	/* POLLOUT only for a full socket buffer: after a refusal the buffer has room */
+	int nfd = h->blocked && !h->retry_ns ? 2 : 1;
+	if (ppoll(pfd, (nfds_t)nfd, &ts, &wait_mask) < 0 && errno != EINTR)
 		host_die("ppoll");
 	/* a timer's wake need not ask the socket (a system call) */
 	h->readable = pfd[0].revents != 0;
@@ -490,6 +505,7 @@ void host_json_requester(FILE *f, struct qp_requester *q)
 	HOST_U64(f, "naks_received", n->naks_received); fprintf(f, ", ");
 	HOST_U64(f, "cnps_received", n->cnps_received); fprintf(f, ", ");
 	HOST_U64(f, "rto_events", n->rto_events); fprintf(f, ", ");
+	HOST_U64(f, "naks_ignored", n->naks_ignored); fprintf(f, ", ");
 	HOST_U64(f, "messages_posted", n->messages_posted); fprintf(f, ", ");
 	HOST_U64(f, "messages_completed", n->messages_completed); fprintf(f, ",\n     ");
 	json_latency(f, q);

@@ -500,6 +500,7 @@ static void write_json(struct ring *g, const char *error)
 	HOST_U64(f, "malformed_packets", g->h.malformed_packets); fprintf(f, ", ");
 	HOST_U64(f, "send_errors", g->h.send_errors); fprintf(f, ", ");
 	HOST_U64(f, "tx_blocked", g->h.tx_blocked); fprintf(f, ",\n");
+	HOST_U64(f, "tx_refused", g->h.tx_refused); fprintf(f, ",\n");
 	json_steps(f, g);
 	json_qp(f, g);
 	fprintf(f, "}\n");
