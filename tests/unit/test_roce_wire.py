@@ -244,7 +244,8 @@ class Config(ctypes.Structure):
                 ("ackreq_every", ctypes.c_uint32), ("rto_ns", ctypes.c_uint64),
                 ("retry_cnt", ctypes.c_uint32), ("start_psn", ctypes.c_uint32),
                 ("cc_dcqcn", ctypes.c_int), ("line_rate_bps", ctypes.c_double),
-                ("burst_pkts", ctypes.c_uint32), ("sport", ctypes.c_uint16)]
+                ("burst_pkts", ctypes.c_uint32), ("sport", ctypes.c_uint16),
+                ("max_unacked", ctypes.c_uint32), ("nak_once_per_retry", ctypes.c_int)]
 
 
 class ReqCounters(ctypes.Structure):
@@ -252,8 +253,8 @@ class ReqCounters(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "packets_sent", "payload_bytes_sent", "wire_bytes_sent", "retransmitted_packets",
-        "acks_received", "naks_received", "cnps_received", "rto_events", "messages_posted",
-        "messages_completed")]
+        "acks_received", "naks_received", "cnps_received", "rto_events", "naks_ignored",
+        "messages_posted", "messages_completed")]
 
 
 class RespCounters(ctypes.Structure):
@@ -378,6 +379,34 @@ def test_a_nak_goes_back_to_the_psn_it_names(qplib: QpLib) -> None:
     assert q.n.retransmitted_packets == 6
     q.receive(opcode=0x11, psn=6, syndrome=0x1F)
     assert q.n.messages_completed == 2 and not q.failed
+    q.close()
+
+
+def test_like_rxe_a_nak_during_a_retry_waits_for_a_message_to_complete(qplib: QpLib) -> None:
+    """rxe's rule (rxe_comp.c, started_retry): after going back, a NAK that arrives before
+    a message completes is ignored (its PSN still acknowledges); once one completes, a NAK
+    goes back again. The spec's rule, the default, goes back on every NAK."""
+    for rxe_rule, after_second in ((1, []), (0, [2, 3, 4, 5, 6, 7])):
+        q = Requester(qplib, nak_once_per_retry=rxe_rule)
+        q.take_all()                                       # PSNs 0 .. 7, two messages
+        q.receive(opcode=0x11, psn=1, syndrome=0x60)
+        assert [h.psn for h in q.take_all()] == [1, 2, 3, 4, 5, 6, 7]
+        q.receive(opcode=0x11, psn=2, syndrome=0x60)       # a second loss in message 0
+        assert [h.psn for h in q.take_all()] == after_second
+        assert (q.n.naks_received, q.n.naks_ignored) == (2, rxe_rule)
+        q.receive(opcode=0x11, psn=3, syndrome=0x1F)       # message 0 completes: 2 posted
+        q.receive(opcode=0x11, psn=5, syndrome=0x60)
+        assert [h.psn for h in q.take_all()] == list(range(5, 12))
+        assert q.n.messages_completed == 1 and not q.failed
+        q.close()
+
+
+def test_like_rxe_at_most_max_unacked_packets_are_out(qplib: QpLib) -> None:
+    """rxe's window (RXE_MAX_UNACKED_PSNS): no packet beyond una + max_unacked."""
+    q = Requester(qplib, max_unacked=3)
+    assert [h.psn for h in q.take_all()] == [0, 1, 2]
+    q.receive(opcode=0x11, psn=0, syndrome=0x1F)
+    assert [h.psn for h in q.take_all()] == [3]
     q.close()
 
 

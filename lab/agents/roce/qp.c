@@ -178,6 +178,8 @@ size_t qp_req_next_len(const struct qp_requester *q)
 {
 	if (q->state != QP_RTS || q->send_seq >= posted_end(q))
 		return 0;
+	if (q->c.max_unacked && q->send_seq >= q->una + q->c.max_unacked)
+		return 0;
 	size_t payload;
 	uint8_t op = pkt_shape(q, q->send_seq, &payload);
 	return ip_len_of(op, payload);
@@ -272,6 +274,7 @@ static void acknowledge(struct qp_requester *q, uint64_t new_una, uint64_t now_n
 		uint64_t posted = q->post_ns[q->n.messages_completed % q->c.tx_depth];
 		record_latency(q, now_ns - posted);
 		q->n.messages_completed++;
+		q->retry_started = 0;
 	}
 	if (q->send_seq < q->una)
 		q->send_seq = q->una;
@@ -308,6 +311,11 @@ void qp_req_on_packet(struct qp_requester *q, const struct roce_hdr *h, uint64_t
 		if (seq < q->una || seq > q->max_sent)
 			return;
 		acknowledge(q, seq, now_ns);
+		if (q->c.nak_once_per_retry && q->retry_started) {
+			q->n.naks_ignored++;
+			return;
+		}
+		q->retry_started = 1;
 		q->send_seq = seq;
 		if (++q->retries > q->c.retry_cnt)
 			fail(q, "retry count exceeded (PSN sequence errors)");
@@ -325,6 +333,7 @@ void qp_req_advance(struct qp_requester *q, uint64_t now_ns)
 		 * was lost where no later packet could reveal the gap. Go back to una. */
 		q->n.rto_events++;
 		q->rto_deadline = 0;
+		q->retry_started = 1;
 		q->send_seq = q->una;
 		if (++q->retries > q->c.retry_cnt)
 			fail(q, "retry count exceeded (transport retry timeouts)");

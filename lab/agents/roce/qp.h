@@ -57,7 +57,15 @@ struct qp_config {
 	double line_rate_bps;
 	uint32_t burst_pkts;       /* the pacer's bucket: this many full packets */
 	uint16_t sport;            /* UDP source port (entropy for ECMP) */
+	/* Soft-RoCE's (rxe's) two rules, for checking the lab against it (``--like rxe``):
+	 * at most this many packets unacknowledged (rxe_param.h RXE_MAX_UNACKED_PSNS; 0: the
+	 * send queue's depth is the only bound), and a NAK that arrives while a retry is under
+	 * way is ignored until a message completes (rxe_comp.c's started_retry), so a second
+	 * loss in the message being resent waits for the timer. */
+	uint32_t max_unacked;
+	int nak_once_per_retry;
 };
+#define RXE_MAX_UNACKED_PSNS 128
 
 struct qp_rate_sample {
 	double t_s, rc_bps, rt_bps, alpha;
@@ -68,6 +76,7 @@ struct qp_req_counters {
 	uint64_t retransmitted_packets;
 	uint64_t acks_received, naks_received, cnps_received;
 	uint64_t rto_events;
+	uint64_t naks_ignored;     /* by nak_once_per_retry */
 	uint64_t messages_posted, messages_completed;
 };
 
@@ -89,6 +98,7 @@ struct qp_requester {
 	uint64_t *post_ns;         /* post time of message m at [m % tx_depth] */
 	uint64_t rto_deadline;     /* 0: timer not armed */
 	uint32_t retries;
+	int retry_started;         /* went back since a message last completed */
 	uint64_t start_ns;
 	struct pacer pace;
 	struct dcqcn_state cc;

@@ -32,7 +32,7 @@ struct opts {
 	double duration_s;
 	uint32_t tx_depth, mtu, dscp, ack_every, retry_cnt, burst_pkts, start_psn;
 	double rate_mbps, rto_ms, drain_s, wake_us;
-	int cc_dcqcn;
+	int cc_dcqcn, like_rxe;
 	uint16_t src_port;
 };
 
@@ -51,7 +51,7 @@ static void usage(FILE *f)
 		"               (--iters N | --duration S) [--tx-depth D] [--mtu M]\n"
 		"               [--rate-mbps R] [--cc dcqcn|none] [--dscp D] [--src-port P]\n"
 		"               [--ack-every N] [--rto-ms MS] [--retry-cnt N] [--burst PKTS]\n"
-		"               [--psn START] [--drain-s S] [--wake-us US]\n");
+		"               [--psn START] [--drain-s S] [--wake-us US] [--like rxe]\n");
 }
 
 static void parse_opts(int argc, char **argv, struct opts *o)
@@ -67,7 +67,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 		{"rto-ms", required_argument, 0, 'R'}, {"retry-cnt", required_argument, 0, 'y'},
 		{"burst", required_argument, 0, 'b'}, {"psn", required_argument, 0, 'P'},
 		{"drain-s", required_argument, 0, 'x'}, {"wake-us", required_argument, 0, 'w'},
-		{"help", no_argument, 0, 'h'},
+		{"like", required_argument, 0, 'L'}, {"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	*o = (struct opts){.qps = 1, .size = 65536, .tx_depth = 16, .mtu = 1024, .dscp = 26,
 			   .ack_every = 64, .retry_cnt = 7, .burst_pkts = 4, .rate_mbps = 100,
@@ -105,6 +105,12 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 		case 'P': o->start_psn = (uint32_t)host_int_opt("psn", optarg, 0, ROCE_PSN_MASK); break;
 		case 'x': o->drain_s = host_num_opt("drain-s", optarg, 0, 3600); break;
 		case 'w': o->wake_us = host_num_opt("wake-us", optarg, 0, 100000); break;
+		case 'L':
+			/* rxe's rules (qp.h), for bench/rxe_check.py to hold the lab to rxe */
+			if (strcmp(optarg, "rxe"))
+				host_bad_opt("like", "must be rxe");
+			o->like_rxe = 1;
+			break;
 		case 'h': usage(stdout); exit(0);
 		default: {
 			const char *arg = argv[optind - 1];
@@ -142,7 +148,9 @@ static void start_client(struct app *a, uint64_t now)
 		.iters = a->o.iters, .ackreq_every = a->o.ack_every,
 		.rto_ns = (uint64_t)(a->o.rto_ms * 1e6), .retry_cnt = a->o.retry_cnt,
 		.start_psn = a->o.start_psn, .cc_dcqcn = a->o.cc_dcqcn,
-		.line_rate_bps = a->o.rate_mbps * 1e6, .burst_pkts = a->o.burst_pkts};
+		.line_rate_bps = a->o.rate_mbps * 1e6, .burst_pkts = a->o.burst_pkts,
+		.max_unacked = a->o.like_rxe ? RXE_MAX_UNACKED_PSNS : 0,
+		.nak_once_per_retry = a->o.like_rxe};
 	for (int i = 0; i < a->o.qps; i++) {
 		uint32_t qpn = a->h.qpn_base + 2 * (uint32_t)i;
 		c.sport = roce_udp_sport(qpn, a->o.src_port ? (uint16_t)(a->o.src_port + i) : 0, 0);
@@ -240,11 +248,12 @@ static void json_client(FILE *f, struct app *a, double elapsed)
 	fprintf(f, "  \"config\": {\"qps\": %d, \"size\": %llu, \"iters\": %llu, "
 		"\"duration_s\": %g, \"tx_depth\": %u, \"mtu\": %u, \"rate_mbps\": %g, "
 		"\"cc\": \"%s\", \"dscp\": %u, \"ack_every\": %u, \"rto_ms\": %g, "
-		"\"retry_cnt\": %u, \"burst_pkts\": %u, \"start_psn\": %u, \"wake_us\": %.3f},\n",
+		"\"retry_cnt\": %u, \"burst_pkts\": %u, \"start_psn\": %u, \"wake_us\": %.3f, "
+		"\"like\": %s},\n",
 		o->qps, (unsigned long long)o->size, (unsigned long long)o->iters, o->duration_s,
 		o->tx_depth, o->mtu, o->rate_mbps, o->cc_dcqcn ? "dcqcn" : "none", o->dscp,
 		o->ack_every, o->rto_ms, o->retry_cnt, o->burst_pkts, o->start_psn,
-		(double)a->h.wake_ns / 1e3);
+		(double)a->h.wake_ns / 1e3, o->like_rxe ? "\"rxe\"" : "null");
 	struct qp_req_counters t = {0};
 	for (int i = 0; i < a->h.nreq; i++) {
 		const struct qp_req_counters *n = &a->req[i].n;
@@ -255,6 +264,7 @@ static void json_client(FILE *f, struct app *a, double elapsed)
 		t.naks_received += n->naks_received;
 		t.cnps_received += n->cnps_received;
 		t.rto_events += n->rto_events;
+		t.naks_ignored += n->naks_ignored;
 		t.messages_completed += n->messages_completed;
 	}
 	double good = elapsed > 0 ? (double)t.messages_completed * (double)o->size * 8 /
@@ -267,6 +277,7 @@ static void json_client(FILE *f, struct app *a, double elapsed)
 	HOST_U64(f, "naks_received", t.naks_received); fprintf(f, ", ");
 	HOST_U64(f, "cnps_received", t.cnps_received); fprintf(f, ", ");
 	HOST_U64(f, "rto_events", t.rto_events); fprintf(f, ", ");
+	HOST_U64(f, "naks_ignored", t.naks_ignored); fprintf(f, ", ");
 	HOST_U64(f, "messages_completed", t.messages_completed);
 	fprintf(f, "},\n  \"qps\": [\n");
 	for (int i = 0; i < a->h.nreq; i++) {
@@ -326,6 +337,7 @@ static void write_json(struct app *a, uint64_t end, const char *error)
 	HOST_U64(f, "malformed_packets", a->h.malformed_packets); fprintf(f, ", ");
 	HOST_U64(f, "send_errors", a->h.send_errors); fprintf(f, ", ");
 	HOST_U64(f, "tx_blocked", a->h.tx_blocked); fprintf(f, ",\n");
+	HOST_U64(f, "tx_refused", a->h.tx_refused); fprintf(f, ",\n");
 	if (a->o.server)
 		json_server(f, a);
 	else
