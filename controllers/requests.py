@@ -275,8 +275,9 @@ class ControlRequests:
             self.stop_pfc()               # one that died: its classes set back, then gone
             work = Path(self.cfg.control_socket).parent
             try:
-                binary = pfc_mod.Pfcd.build(Path(self.cfg.build_dir) if self.cfg.build_dir
-                                            else None)
+                # cbuild's own cache, not the BPF objects' build_dir (under /run, which
+                # is noexec on systemd machines: a program there cannot run)
+                binary = pfc_mod.Pfcd.build()
                 engine = pfc_mod.Pfcd(cfg, binary, work / "pfcd.json", work / "pfcd.log")
                 engine.start()
             except (ValueError, RuntimeError) as exc:

@@ -109,7 +109,7 @@ class App(ControlRequests):
 
 def test_the_controller_runs_one_pfcd_and_replies_its_counters(
         fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pfc.Pfcd, "build", staticmethod(lambda build_dir: fake))
+    monkeypatch.setattr(pfc.Pfcd, "build", staticmethod(lambda build_dir=None: fake))
     app = App(tmp_path)
     on = {"cmd": "pfc", "config": CONFIG.to_dict()}
     reply = app.handle_request(on)
@@ -137,7 +137,7 @@ def test_a_bad_pfc_request_names_what_is_wrong(tmp_path: Path, req: dict[str, An
 
 def test_shutdown_stops_a_running_pfcd(fake: Path, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pfc.Pfcd, "build", staticmethod(lambda build_dir: fake))
+    monkeypatch.setattr(pfc.Pfcd, "build", staticmethod(lambda build_dir=None: fake))
     app = App(tmp_path)
     assert app.handle_request({"cmd": "pfc", "config": CONFIG.to_dict()})["ok"]
     pid = app._pfcd.pid
