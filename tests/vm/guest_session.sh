@@ -50,6 +50,12 @@ if [ "$LANE" = full ]; then
         --set phases=before-upgrade,incident $STREAMING_REAL_SETS --out "$OUT/streaming-real"
     step browser fabriclab run streaming-incident $BROWSER_SETS --out "$OUT/browser"
     step allreduce fabriclab run allreduce-ecmp --out "$OUT/allreduce"
+    # DCQCN's marking by the kernel's RED, on the lossless class's leaf of ports with classes.
+    # The TCG profile (an eighth) shrinks queues and thresholds but not frames: PFC's
+    # headroom (whole frames per feeder) and RED's Kmin (one avpkt) need larger sizes there.
+    step pfc-red fabriclab run pfc-hol --set classes.lossless_bytes=280000 \
+        --set pfc.xoff_bytes=40000 --set pfc.xon_bytes=20000 --set ecn.kmin_bytes=12000 \
+        --set ecn.kmax_bytes=32000 --out "$OUT/pfc-red"
 fi
 
 # kill -9 in the middle of a run's traffic, then `fabriclab clean`: nothing may be left.

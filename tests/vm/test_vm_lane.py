@@ -312,6 +312,27 @@ def test_allreduce_on_the_kernel_datapath(session):
         assert check_links_agree_with_flows(seen) == [], name
 
 
+@pytest.mark.vm_full
+def test_roce_dcqcn_marked_by_red_on_ports_with_classes(session):
+    """pfc-hol on the full kernel: the marking is the kernel's RED on the lossless class's
+    leaf (the host's CI kernel has only the tc-bpf marker). It marks the incast in the DCQCN
+    phase and nothing alone, and the incast's receivers send CNPs. The lossless class's
+    drops are a network number: held to 0 where the phase was fidelity-valid."""
+    r = guest_result(session, "pfc-red")
+    assert r["environment"]["ecn"] == "red"
+    ph = r["metrics"]["phases"]
+    assert {"alone", "dcqcn"} <= set(ph) and not r["metrics"].get("phases_skipped")
+    dcqcn = ph["dcqcn"]
+    print(f"dcqcn: CE {dcqcn['ce_marked']}, incast CNPs {dcqcn['groups']['incast']['cnps']}, "
+          f"paused {dcqcn['pause_time_s']} s, lossless drops {dcqcn['lossless_drops']}")
+    assert dcqcn["ce_marked"] > 0 and dcqcn["groups"]["incast"]["cnps"] > 0
+    assert ph["alone"].get("ce_marked", 0) == 0
+    for name, valid in r["fidelity"]["phases"].items():
+        if valid.get("valid"):
+            assert ph[name]["lossless_drops"] == 0, name
+    check_rate_profile(r)
+
+
 def test_kill_9_in_the_guest_then_clean(session):
     k = load(session / "kill.json")
     assert k["before"]["bridges"] and k["before"]["processes"], k
