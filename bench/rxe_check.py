@@ -13,11 +13,15 @@ rxe (``rdma link add rxe0 type rxe``; ``ib_write_bw`` RC WRITE, one QP, 64 KiB m
 16 outstanding, RoCE MTU 1024, perftest's local ACK timeout 14: 67 ms, retry 7, for a
 fixed time), then rxe removed (its UDP 4791 socket closed) and the same with ``roce_bw``
 (the same message size, depth, MTU, a 67 ms timer, retry 7, no congestion control: rxe
-has none). The senders are not paced below the link: netem's rate is the bottleneck for
-both. Under TCG the two guests share this machine's two cores: run nothing beside it.
+has none), twice: as the lab runs it, and ``--like rxe``, with rxe's two transport rules
+besides (128 packets unacknowledged at most; a NAK during a retry ignored until a message
+completes). The senders are not paced below the link: the port's htb is the bottleneck for
+both. The agreement held is the second's: same rules, same goodput; the first's gap is
+what the two rules cost rxe. ``--capture`` times each go-back-N from the sender's wire.
+Under TCG the two guests share this machine's two cores: run nothing beside it.
 
 Usage: python bench/rxe_check.py [--loss 0,0.5,1,2] [--rate-mbps 20] [--delay-ms 1]
-       [--duration 8] [--queue-bytes 16000] [--json bench/out/rxe_check.json]
+       [--duration 8] [--queue-bytes 16000] [--capture] [--json bench/out/rxe_check.json]
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import functools
 import json
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -67,6 +72,13 @@ class Guests:
     def both(self, line: str) -> None:
         for w in (0, 1):
             self.sh(w, line)
+
+    def fetch(self, worker: int, path: str, dest: Path) -> None:
+        """A file of the guest's, copied here byte for byte."""
+        m = self.cluster.members[worker]
+        out = subprocess.run(m.ssh(self.cluster.key, self.cluster.known_hosts, f"cat {path}"),
+                             capture_output=True, timeout=120, check=True)
+        dest.write_bytes(out.stdout)
 
     def pair(self, server: str, client: str, timeout_s: float) -> tuple[str, str]:
         """The server started on w2, then the client on w1; both outputs."""
@@ -121,6 +133,86 @@ def gid_index(g: Guests, worker: int) -> int:
     raise SystemExit(f"w{worker + 1}: no RoCE v2 IPv4 GID on rxe0")
 
 
+GUEST_PCAP = "/tmp/rxe-check.pcap"
+
+
+class Capture:
+    """tcpdump on the sender's end of the link (w1), RoCE headers only: what left through
+    its queue, and the ACKs and NAKs as they arrived (before the loss rule on arrival)."""
+
+    def __init__(self, g: Guests, pcap: Path | None) -> None:
+        self.g, self.pcap, self.pid = g, pcap, ""
+
+    def __enter__(self) -> Capture:
+        if self.pcap:
+            # removed first: tcpdump writes as its own user, and a sticky /tmp refuses
+            # root's reopening of another user's file (fs.protected_regular)
+            self.pid = self.g.sh(0, f"rm -f {GUEST_PCAP}; tcpdump -i {NIC} -s 80 -w "
+                                    f"{GUEST_PCAP} udp port 4791 >/dev/null 2>&1 & echo $!"
+                                 ).stdout.strip()
+            time.sleep(1.0)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pid:
+            self.g.sh(0, f"kill -INT {self.pid}; sleep 1", check=False)
+            self.g.fetch(0, GUEST_PCAP, self.pcap)
+
+    def recoveries(self) -> dict[str, Any] | None:
+        return recoveries(self.pcap, self.g.ip[0]) if self.pcap else None
+
+
+#: BTH opcodes (RC): RDMA WRITE first, middle, last, only; the acknowledge.
+WRITE_OPCODES, ACK_OPCODE = {6, 7, 8, 10}, 17
+#: AETH syndrome of a NAK for a PSN sequence error.
+NAK_SEQ = 0x60
+PSN_MOD = 1 << 24
+
+
+def psn_after(psn: int, base: int) -> int:
+    """How many PSNs ``psn`` is past ``base`` (0 if before it), through the 24-bit wrap."""
+    return max(0, (psn - base + PSN_MOD // 2) % PSN_MOD - PSN_MOD // 2)
+
+
+def recoveries(pcap: Path, sender: str) -> dict[str, Any]:
+    """Each go-back-N recovery on the sender's wire, from its NAK: how long from the NAK's
+    arrival to the missing packet leaving again, how many packets left in between (the
+    queue's content, plus what the sender added after the NAK arrived: its reaction), and
+    how far past the missing PSN the sender had gone. Medians over the run's NAKs."""
+    out = subprocess.run(["tshark", "-n", "-r", str(pcap), "-T", "fields",
+                          "-e", "frame.time_epoch", "-e", "ip.src", "-e",
+                          "infiniband.bth.opcode", "-e", "infiniband.bth.psn",
+                          "-e", "infiniband.aeth.syndrome"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    data: list[tuple[float, int]] = []
+    naks: list[tuple[float, int, int]] = []          # (time, psn, index into data)
+    for row in out.stdout.splitlines():
+        t, src, op, psn, syn = (row.split("\t") + [""] * 5)[:5]
+        if not op:
+            continue
+        if src == sender and int(op) in WRITE_OPCODES:
+            data.append((float(t), int(psn)))
+        elif src != sender and int(op) == ACK_OPCODE and syn and int(syn, 0) & 0xE0 == NAK_SEQ:
+            naks.append((float(t), int(psn), len(data)))
+    rows = []
+    for t_nak, psn, i in naks:
+        j = next((k for k in range(i, len(data)) if data[k][1] == psn), None)
+        if j is None:
+            continue
+        ahead = max((psn_after(d[1], psn) for d in data[max(0, i - 500):j]), default=0)
+        rows.append(((data[j][0] - t_nak) * 1e3, j - i, ahead))
+
+    def med(xs: list[float]) -> float | None:
+        return round(statistics.median(xs), 2) if xs else None
+
+    return {"data_packets": len(data), "naks": len(naks), "recoveries": len(rows),
+            "nak_to_resend_ms_p50": med([r[0] for r in rows]),
+            "sent_after_nak_p50": med([r[1] for r in rows]),
+            "ahead_of_loss_p50": med([r[2] for r in rows]),
+            "sent_after_nak_mean": round(sum(r[1] for r in rows) / len(rows), 1)
+            if rows else None}
+
+
 #: rxe's own counters (a NIC's), read on both ends around a run.
 RXE_COUNTERS = ("sent_pkts", "rcvd_pkts", "rcvd_seq_err", "out_of_seq_request",
                 "duplicate_request", "completer_retry_err", "retry_exceeded_err")
@@ -144,34 +236,41 @@ def dropped(g: Guests) -> list[int]:
     return out
 
 
-def rxe_run(g: Guests, duration: float) -> dict[str, Any]:
+def rxe_run(g: Guests, duration: float, pcap: Path | None) -> dict[str, Any]:
     """One ib_write_bw over rxe: its average BW (payload, Gbit/s -> Mbit/s), rxe's counters
     on both ends over the run, and what the loss rules dropped each way."""
     before = rxe_counters(g)
     opts = (f"-d rxe0 -s {SIZE} -t {DEPTH} -m {MTU} -u {TIMEOUT_EXP} -q 1 -D {duration:g} "
             "-F --report_gbits")
-    cli, srv = g.pair(f"ib_write_bw {opts} -x {gid_index(g, 1)}",
-                      f"ib_write_bw {opts} -x {gid_index(g, 0)} {g.ip[1]}", duration + 60)
+    with Capture(g, pcap) as cap:
+        cli, srv = g.pair(f"ib_write_bw {opts} -x {gid_index(g, 1)}",
+                          f"ib_write_bw {opts} -x {gid_index(g, 0)} {g.ip[1]}",
+                          duration + 60)
     row = re.search(rf"^\s*{SIZE}\s+(\d+)\s+([\d.]+)\s+([\d.]+)", cli, re.M)
     if not row:
         return {"error": (cli + srv)[-600:]}
     after = rxe_counters(g)
     return {"goodput_mbps": round(float(row.group(3)) * 1000, 3),
             "iterations": int(row.group(1)), "dropped": dropped(g),
+            "recoveries": cap.recoveries(),
             "counters": [{k: a[k] - b[k] for k in RXE_COUNTERS}
                          for a, b in zip(after, before, strict=True)]}
 
 
-def lab_run(g: Guests, binary: str, duration: float) -> dict[str, Any]:
-    """One roce_bw: its goodput and a NIC's counters."""
+def lab_run(g: Guests, binary: str, duration: float, pcap: Path | None,
+            like: str = "") -> dict[str, Any]:
+    """One roce_bw: its goodput and a NIC's counters; ``like="rxe"`` with rxe's two
+    transport rules (qp.h) besides its settings."""
     common = "--rate-mbps 1000 --out /tmp/rxe-check-{}.json"
     # the server stops by itself, after the client's time, its drain and the start-up
-    cli, _ = g.pair(f"{binary} --server --duration {duration + 12:g} "
-                    + common.format("server"),
-                    f"{binary} --client {g.ip[1]} --duration {duration:g} --size {SIZE} "
-                    f"--tx-depth {DEPTH} --mtu {MTU} --rto-ms {TIMEOUT_MS:.3f} "
-                    f"--retry-cnt {RETRY} --cc none " + common.format("client"),
-                    duration + 120)
+    with Capture(g, pcap) as cap:
+        cli, _ = g.pair(f"{binary} --server --duration {duration + 12:g} "
+                        + common.format("server"),
+                        f"{binary} --client {g.ip[1]} --duration {duration:g} --size {SIZE} "
+                        f"--tx-depth {DEPTH} --mtu {MTU} --rto-ms {TIMEOUT_MS:.3f} "
+                        f"--retry-cnt {RETRY} --cc none {like and '--like ' + like} "
+                        + common.format("client"),
+                        duration + 120)
     got = g.sh(0, "cat /tmp/rxe-check-client.json", check=False).stdout
     try:
         out = json.loads(got)
@@ -179,9 +278,15 @@ def lab_run(g: Guests, binary: str, duration: float) -> dict[str, Any]:
         return {"error": cli[-600:]}
     t = out.get("totals") or {}
     return {"goodput_mbps": out.get("goodput_mbps"), "error": out.get("error"),
-            "dropped": dropped(g),
+            "dropped": dropped(g), "recoveries": cap.recoveries(),
             "retransmitted_packets": t.get("retransmitted_packets"),
-            "rto_events": t.get("rto_events"), "naks_received": t.get("naks_received")}
+            "rto_events": t.get("rto_events"), "naks_received": t.get("naks_received"),
+            "naks_ignored": t.get("naks_ignored"), "tx_refused": out.get("tx_refused")}
+
+
+def pcap(a: argparse.Namespace, who: str, loss: float) -> Path | None:
+    """Where a run's capture goes, beside the JSON, if asked for."""
+    return Path(a.json).with_name(f"rxe_check-{who}-{loss:g}.pcap") if a.capture else None
 
 
 def main() -> int:
@@ -193,17 +298,20 @@ def main() -> int:
     # the sender's own queue: a NIC's is a few packets (a full one refuses the send, which
     # both transports take as "send again"); a deeper one lets rxe queue, and resend, more
     ap.add_argument("--queue-bytes", type=int, default=16_000)
+    ap.add_argument("--capture", action="store_true",
+                    help="tcpdump the sender's end per run and time each recovery")
     ap.add_argument("--json", default=str(REPO / "bench" / "out" / "rxe_check.json"))
     a = ap.parse_args()
     losses = [float(x) for x in a.loss.split(",")]
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     g = Guests(vmcluster.VmCluster.load())
     kernel = g.sh(0, "uname -r").stdout.strip()
     rows: dict[float, dict[str, Any]] = {x: {"loss_pct": x} for x in losses}
-    g.both(f"modprobe rdma_rxe && (rdma link show rxe0 >/dev/null 2>&1 || "
+    g.both(f"modprobe rdma_rxe && (test -e /sys/class/infiniband/rxe0 || "
            f"rdma link add rxe0 type rxe netdev {NIC})")
     for x in losses:
         link(g, x, a.delay_ms, a.rate_mbps, a.queue_bytes)
-        rows[x]["rxe"] = rxe_run(g, a.duration)
+        rows[x]["rxe"] = rxe_run(g, a.duration, pcap(a, "rxe", x))
         print(f"rxe   loss {x:g}%: {rows[x]['rxe']}", flush=True)
     # rxe's UDP 4791 socket lives as long as its module: both gone before roce_bw binds it
     g.both("rdma link delete rxe0; modprobe -r rdma_rxe; ! ss -Hlun | grep -q ':4791 '")
@@ -214,23 +322,30 @@ def main() -> int:
     g.sh(1, f"cd /fabriclab 2>/dev/null; {py}")
     for x in losses:
         link(g, x, a.delay_ms, a.rate_mbps, a.queue_bytes)
-        rows[x]["lab"] = lab_run(g, binary, a.duration)
+        rows[x]["lab"] = lab_run(g, binary, a.duration, pcap(a, "lab", x))
         print(f"lab   loss {x:g}%: {rows[x]['lab']}", flush=True)
+        link(g, x, a.delay_ms, a.rate_mbps, a.queue_bytes)
+        rows[x]["lab_like_rxe"] = lab_run(g, binary, a.duration, pcap(a, "lab-like-rxe", x),
+                                          like="rxe")
+        print(f"lab like rxe, loss {x:g}%: {rows[x]['lab_like_rxe']}", flush=True)
     g.both(f"tc qdisc del dev {NIC} root 2>/dev/null; nft delete table ip rxecheck; true")
     for r in rows.values():
-        rx, lb = r["rxe"].get("goodput_mbps"), r["lab"].get("goodput_mbps")
-        r["lab_vs_rxe"] = round(lb / rx, 3) if rx and lb is not None else None
-        r["agree"] = r["lab_vs_rxe"] is not None and abs(r["lab_vs_rxe"] - 1) <= AGREE
+        rx = r["rxe"].get("goodput_mbps")
+        for who in ("lab", "lab_like_rxe"):
+            lb = r[who].get("goodput_mbps")
+            r[f"{who}_vs_rxe"] = round(lb / rx, 3) if rx and lb is not None else None
+        r["agree"] = (r["lab_like_rxe_vs_rxe"] is not None
+                      and abs(r["lab_like_rxe_vs_rxe"] - 1) <= AGREE)
     out = {"kernel": kernel, "rate_mbps": a.rate_mbps, "delay_ms": a.delay_ms,
            "queue_bytes": a.queue_bytes,
            "duration_s": a.duration, "size": SIZE, "tx_depth": DEPTH, "mtu": MTU,
            "timeout_ms": round(TIMEOUT_MS, 3), "retry": RETRY, "rows": list(rows.values())}
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
     Path(a.json).write_text(json.dumps(out, indent=1))
-    print("loss %   ib_write_bw (rxe)   roce_bw (lab)   lab/rxe")
+    print("loss %   ib_write_bw (rxe)   roce_bw   lab/rxe   roce_bw --like rxe   /rxe")
     for r in rows.values():
         print(f"{r['loss_pct']:6g}   {r['rxe'].get('goodput_mbps')!s:>17}   "
-              f"{r['lab'].get('goodput_mbps')!s:>13}   {r['lab_vs_rxe']}")
+              f"{r['lab'].get('goodput_mbps')!s:>7}   {r['lab_vs_rxe']!s:>7}   "
+              f"{r['lab_like_rxe'].get('goodput_mbps')!s:>18}   {r['lab_like_rxe_vs_rxe']}")
     return 0 if all(r["agree"] for r in rows.values()) else 1
 
 
