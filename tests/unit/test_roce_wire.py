@@ -245,7 +245,8 @@ class Config(ctypes.Structure):
                 ("retry_cnt", ctypes.c_uint32), ("start_psn", ctypes.c_uint32),
                 ("cc_dcqcn", ctypes.c_int), ("line_rate_bps", ctypes.c_double),
                 ("burst_pkts", ctypes.c_uint32), ("sport", ctypes.c_uint16),
-                ("max_unacked", ctypes.c_uint32), ("nak_once_per_retry", ctypes.c_int)]
+                ("max_unacked", ctypes.c_uint32), ("nak_once_per_retry", ctypes.c_int),
+                ("spray", ctypes.c_uint32)]
 
 
 class ReqCounters(ctypes.Structure):
@@ -262,8 +263,8 @@ class RespCounters(ctypes.Structure):
 
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "packets_received", "payload_bytes_received", "wire_bytes_received",
-        "messages_received", "duplicates", "out_of_sequence", "acks_sent", "naks_sent",
-        "cnps_sent", "ce_received")]
+        "messages_received", "duplicates", "out_of_sequence", "placed_out_of_order",
+        "acks_sent", "naks_sent", "cnps_sent", "ce_received")]
 
 
 MS = 1_000_000
@@ -301,7 +302,10 @@ class QpLib:
                 ("qp_resp_on_data", [vp, hp, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
                                      u64], None),
                 ("qp_resp_response", [vp, hp], ctypes.c_int),
-                ("qp_resp_cnp", [vp, hp], ctypes.c_int)):
+                ("qp_resp_cnp", [vp, hp], ctypes.c_int),
+                ("qp_resp_set_placement", [vp, ctypes.c_int, ctypes.c_uint32], None),
+                ("roce_udp_sport", [ctypes.c_uint32, ctypes.c_uint16, u64, ctypes.c_uint32],
+                 ctypes.c_uint16)):
             fn = getattr(self.dl, name)
             fn.argtypes, fn.restype = args, res
 
@@ -520,3 +524,48 @@ def test_the_notification_point_sends_one_cnp_per_interval(qplib: QpLib) -> None
     assert cnps == [0, 10, 20]
     n = RespCounters.from_buffer(r, qplib.resp_n)
     assert (n.ce_received, n.cnps_sent) == (30, 3)
+
+
+def test_spraying_gives_each_packet_one_of_n_source_ports(qplib: QpLib) -> None:
+    """Per QP: one port. Sprayed over N: the packets take N ports in turn (from the QPN's
+    hash, or from an explicit base), which the switches' 5-tuple hash sees as N flows."""
+    sport = qplib.dl.roce_udp_sport
+    assert {sport(0x100, 0, seq, 0) for seq in range(64)} == {sport(0x100, 0, 0, 1)}
+    sprayed = [sport(0x100, 0, seq, 8) for seq in range(16)]
+    assert len(set(sprayed)) == 8 and sprayed[:8] == sprayed[8:]
+    assert all(49152 <= p <= 65535 for p in sprayed)
+    assert [sport(0x100, 5000, seq, 4) for seq in range(6)] == [5000, 5001, 5002, 5003,
+                                                                 5000, 5001]
+
+
+def test_out_of_order_placement_keeps_what_arrives_ahead(qplib: QpLib) -> None:
+    """Placement ooo (NAK after 3 packets past a gap): packets ahead of a gap are placed,
+    each byte counted once; reordering shorter than the threshold brings no NAK; a longer
+    gap one NAK; the missing packet moves the expected PSN over everything placed, and one
+    ACK says how far. The same arrivals at RC's go-back-N receiver: dropped, a NAK at once."""
+    for ooo in (1, 0):
+        r = responder(qplib)
+        qplib.dl.qp_resp_set_placement(r, ooo, 3)
+        n = RespCounters.from_buffer(r, qplib.resp_n)
+        first = PSN_SPACE - 2
+        deliver(qplib, r, first, opcode=0x06)
+        deliver(qplib, r, 0, ackreq=1)                     # first + 1 late: reordered
+        deliver(qplib, r, 1)
+        first_answer = answer(qplib, r)
+        if ooo:
+            assert first_answer == (0x1F, first)                   # AckReq: cumulative, no NAK
+            deliver(qplib, r, first + 1)                   # the late one: no NAK was owed
+            assert answer(qplib, r) == (0x1F, 1)           # first + 3 wraps to 1
+            assert n.naks_sent == 0 and n.placed_out_of_order == 2
+            for psn in (3, 4, 5):                          # PSN 2 lost: 3 past the gap
+                deliver(qplib, r, psn)
+            assert answer(qplib, r) == (0x60, 2)
+            deliver(qplib, r, 4)                           # a duplicate of a placed one
+            deliver(qplib, r, 2, opcode=0x08)
+            assert answer(qplib, r) == (0x1F, 5)
+            assert (n.payload_bytes_received, n.placed_out_of_order, n.duplicates,
+                    n.naks_sent, n.out_of_sequence, n.messages_received) == (
+                        8 * 1024, 5, 1, 1, 0, 1)
+        else:
+            assert first_answer == (0x60, first + 1)                 # go-back-N: a NAK at once
+            assert (n.placed_out_of_order, n.out_of_sequence) == (0, 2)

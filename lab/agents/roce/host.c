@@ -253,6 +253,7 @@ static struct host_peer *new_peer(struct host *h, uint32_t addr, uint32_t local,
 	p->addr = addr;
 	p->local = local;
 	qp_resp_init(&p->r, hdr->dqpn, hdr->dqpn - 1, hdr->psn, h->cnp_interval_ns);
+	qp_resp_set_placement(&p->r, h->placement_ooo, h->reorder_pkts);
 	*index = h->npeers++;
 	return p;
 }
@@ -287,7 +288,7 @@ static void answer_touched(struct host *h)
 	struct roce_hdr hdr;
 	for (int i = 0; i < h->ntouched; i++) {
 		struct host_peer *p = &h->peers[h->touched[i]];
-		uint16_t sport = roce_udp_sport(p->r.qpn, 0, 0);
+		uint16_t sport = roce_udp_sport(p->r.qpn, 0, 0, 0);
 		p->touched = 0;
 		if (qp_resp_cnp(&p->r, &hdr))
 			host_queue(h, p->local, p->addr, sport,
@@ -390,7 +391,7 @@ void host_send_ready(struct host *h, uint64_t now)
 			qp_req_take(q, &hdr, &payload, now);
 			pacer_take(&h->port, wire);
 			uint16_t sport = roce_udp_sport(q->qpn, h->src_port ?
-					(uint16_t)(h->src_port + i) : 0, seq);
+					(uint16_t)(h->src_port + i) : 0, seq, q->c.spray);
 			host_queue(h, h->local_addr, h->remote_addr, sport,
 				   (uint8_t)(h->dscp << 2 | ROCE_ECN_ECT0), &hdr, payload);
 			/* The next QP goes first next time, even when the port stops us here. */
@@ -534,6 +535,7 @@ void host_json_responder(FILE *f, const struct host_peer *p, uint64_t t0)
 	HOST_U64(f, "messages_received", n->messages_received); fprintf(f, ", ");
 	HOST_U64(f, "duplicates", n->duplicates); fprintf(f, ", ");
 	HOST_U64(f, "out_of_sequence", n->out_of_sequence); fprintf(f, ", ");
+	HOST_U64(f, "placed_out_of_order", n->placed_out_of_order); fprintf(f, ", ");
 	HOST_U64(f, "acks_sent", n->acks_sent); fprintf(f, ", ");
 	HOST_U64(f, "naks_sent", n->naks_sent); fprintf(f, ", ");
 	HOST_U64(f, "cnps_sent", n->cnps_sent); fprintf(f, ", ");

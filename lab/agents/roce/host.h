@@ -75,6 +75,9 @@ struct host {
 	uint32_t local_addr, remote_addr;
 	uint16_t src_port;
 	uint8_t dscp;
+	/* the responders' placement (qp_resp_set_placement) */
+	int placement_ooo;
+	uint32_t reorder_pkts;
 	/* A responder is made for a new (address, QPN) whose first packet is a WRITE First or
 	 * Only at ROCE_VA_BASE, up to max_peers, from peer_only (0: from any address). */
 	uint32_t peer_only;

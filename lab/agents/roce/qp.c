@@ -45,14 +45,15 @@ void pacer_take(struct pacer *p, double bytes)
 
 /* ---- requester ---- */
 
-uint16_t roce_udp_sport(uint32_t qpn, uint16_t base, uint64_t seq)
+uint16_t roce_udp_sport(uint32_t qpn, uint16_t base, uint64_t seq, uint32_t spray)
 {
-	(void)seq;  /* per-packet spraying would mix seq in here */
+	uint32_t entropy = spray > 1 ? (uint32_t)(seq % spray) : 0;
 	if (base)
-		return base;
-	/* A multiplicative hash spreads consecutive QPNs over the dynamic port range, so a
-	 * switch's ECMP hash sees them as different flows, as an RNIC's per-QP entropy does. */
-	uint32_t h = (qpn & ROCE_QPN_MASK) * 2654435761u;
+		return (uint16_t)(base + entropy);
+	/* A multiplicative hash spreads consecutive QPNs (and a sprayed QP's entropy values)
+	 * over the dynamic port range, so a switch's ECMP hash sees them as different flows,
+	 * as an RNIC's per-QP entropy does. */
+	uint32_t h = ((qpn & ROCE_QPN_MASK) + entropy * 0x10001u) * 2654435761u;
 	return (uint16_t)(49152 + (h >> 18));
 }
 
@@ -396,6 +397,61 @@ void qp_resp_init(struct qp_responder *r, uint32_t qpn, uint32_t peer_qpn, uint3
 	r->cnp_interval_ns = cnp_interval_ns;
 }
 
+void qp_resp_set_placement(struct qp_responder *r, int ooo, uint32_t reorder_pkts)
+{
+	r->ooo = ooo;
+	r->reorder_pkts = reorder_pkts;
+}
+
+static int bit(const uint64_t *map, uint32_t psn)
+{
+	uint32_t i = psn % QP_OOO_WINDOW;
+	return (int)(map[i / 64] >> (i % 64) & 1);
+}
+
+static void set_bit(uint64_t *map, uint32_t psn, int on)
+{
+	uint32_t i = psn % QP_OOO_WINDOW;
+	if (on)
+		map[i / 64] |= 1ull << (i % 64);
+	else
+		map[i / 64] &= ~(1ull << (i % 64));
+}
+
+static void complete_in_order(struct qp_responder *r, int last)
+{
+	r->epsn = roce_psn_add(r->epsn, 1);
+	r->nak_outstanding = 0;
+	r->nak_pending = 0;
+	r->past_gap = 0;
+	if (last) {
+		r->msn = (r->msn + 1) & ROCE_PSN_MASK;
+		r->n.messages_received++;
+	}
+}
+
+/* A packet ahead of epsn, placed: remembered, counted once; after a gap's NAK threshold
+ * the NAK names epsn (go-back-N resends from it; what was placed arrives as duplicates). */
+static void place_ahead(struct qp_responder *r, const struct roce_hdr *h, size_t payload_len)
+{
+	if (bit(r->placed, h->psn)) {
+		r->n.duplicates++;
+		r->ack_pending = 1;
+		return;
+	}
+	set_bit(r->placed, h->psn, 1);
+	set_bit(r->last, h->psn, h->opcode == ROCE_OP_WRITE_LAST ||
+		h->opcode == ROCE_OP_WRITE_ONLY);
+	r->n.payload_bytes_received += payload_len;
+	r->n.placed_out_of_order++;
+	if (h->ackreq)
+		r->ack_pending = 1;
+	if (++r->past_gap >= r->reorder_pkts && !r->nak_outstanding) {
+		r->nak_outstanding = 1;
+		r->nak_pending = 1;
+	}
+}
+
 void qp_resp_on_data(struct qp_responder *r, const struct roce_hdr *h, size_t payload_len,
 		     size_t wire_len, int ce, uint64_t now_ns)
 {
@@ -417,15 +473,21 @@ void qp_resp_on_data(struct qp_responder *r, const struct roce_hdr *h, size_t pa
 	int32_t d = roce_psn_diff(h->psn, r->epsn);
 	if (d == 0) {
 		r->n.payload_bytes_received += payload_len;
-		r->epsn = roce_psn_add(r->epsn, 1);
-		r->nak_outstanding = 0;
-		r->nak_pending = 0;
-		if (h->opcode == ROCE_OP_WRITE_LAST || h->opcode == ROCE_OP_WRITE_ONLY) {
-			r->msn = (r->msn + 1) & ROCE_PSN_MASK;
-			r->n.messages_received++;
-		}
+		complete_in_order(r, h->opcode == ROCE_OP_WRITE_LAST ||
+				  h->opcode == ROCE_OP_WRITE_ONLY);
 		if (h->ackreq)
 			r->ack_pending = 1;
+		/* then over what was placed ahead, and one ACK says how far */
+		if (r->ooo && bit(r->placed, r->epsn)) {
+			while (bit(r->placed, r->epsn)) {
+				int last = bit(r->last, r->epsn);
+				set_bit(r->placed, r->epsn, 0);
+				complete_in_order(r, last);
+			}
+			r->ack_pending = 1;
+		}
+	} else if (r->ooo && d < QP_OOO_WINDOW) {
+		place_ahead(r, h, payload_len);
 	} else if (d > 0) {
 		/* A gap: a packet was lost. Drop this one (go-back-N will send it again) and
 		 * say which PSN is expected, once, until that PSN arrives. */

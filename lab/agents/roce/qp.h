@@ -27,6 +27,8 @@
 /* Rate samples (every QP_SAMPLE_NS) kept per QP: 60 s worth, then sampling stops. */
 #define QP_SAMPLE_NS 10000000ull
 #define QP_MAX_SAMPLES 6000
+/* How far ahead of the expected PSN a responder placing out of order keeps packets. */
+#define QP_OOO_WINDOW 4096
 /* Completion latencies kept per QP for the percentiles; later ones are not recorded. */
 #define QP_MAX_LATENCIES (1u << 20)
 
@@ -64,6 +66,10 @@ struct qp_config {
 	 * loss in the message being resent waits for the timer. */
 	uint32_t max_unacked;
 	int nak_once_per_retry;
+	/* Packet spraying: 0 or 1, one UDP source port per QP (the switches' hash keeps the QP
+	 * on one path); N > 1, each packet takes one of N entropy values in turn, as Ultra
+	 * Ethernet's senders do, and the hash spreads the QP's packets over the paths. */
+	uint32_t spray;
 };
 #define RXE_MAX_UNACKED_PSNS 128
 
@@ -142,12 +148,13 @@ double qp_req_latency_pct(struct qp_requester *q, double pct);
 
 /* The UDP source port of a QP's packet: the one place that chooses it, so that a later
  * spray mode can vary it per packet. base 0 derives it from the QPN (49152..65535). */
-uint16_t roce_udp_sport(uint32_t qpn, uint16_t base, uint64_t seq);
+uint16_t roce_udp_sport(uint32_t qpn, uint16_t base, uint64_t seq, uint32_t spray);
 
 struct qp_resp_counters {
 	uint64_t packets_received, payload_bytes_received, wire_bytes_received;
 	uint64_t messages_received;
 	uint64_t duplicates, out_of_sequence;
+	uint64_t placed_out_of_order;  /* ahead of the expected PSN, kept (placement ooo) */
 	uint64_t acks_sent, naks_sent, cnps_sent;
 	uint64_t ce_received;
 };
@@ -162,11 +169,20 @@ struct qp_responder {
 	uint64_t last_cnp_ns;
 	int cnp_ever;
 	uint64_t first_ns, last_ns;
+	/* Out-of-order placement (MRC's, Ultra Ethernet's; 0: RC's go-back-N receiver, which
+	 * drops every packet after a gap): a packet up to QP_OOO_WINDOW ahead of epsn is placed
+	 * and remembered; epsn then moves over what was placed. A NAK goes out only once
+	 * reorder_pkts later packets have arrived past the gap: reordering is not loss. */
+	int ooo;
+	uint32_t reorder_pkts, past_gap;
+	uint64_t placed[QP_OOO_WINDOW / 64], last[QP_OOO_WINDOW / 64];
 	struct qp_resp_counters n;
 };
 
 void qp_resp_init(struct qp_responder *r, uint32_t qpn, uint32_t peer_qpn, uint32_t epsn,
 		  uint64_t cnp_interval_ns);
+/* Place out of order (ooo 1) with a NAK after reorder_pkts packets past a gap, or not. */
+void qp_resp_set_placement(struct qp_responder *r, int ooo, uint32_t reorder_pkts);
 /* A data packet for this QP; ce: its IP ECN field was CE. wire_len: its bytes as the NIC
  * counts them. */
 void qp_resp_on_data(struct qp_responder *r, const struct roce_hdr *h, size_t payload_len,

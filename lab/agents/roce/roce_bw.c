@@ -32,7 +32,8 @@ struct opts {
 	double duration_s;
 	uint32_t tx_depth, mtu, dscp, ack_every, retry_cnt, burst_pkts, start_psn;
 	double rate_mbps, rto_ms, drain_s, wake_us;
-	int cc_dcqcn, like_rxe;
+	int cc_dcqcn, like_rxe, placement_ooo;
+	uint32_t spray, reorder_pkts;
 	uint16_t src_port;
 };
 
@@ -51,7 +52,8 @@ static void usage(FILE *f)
 		"               (--iters N | --duration S) [--tx-depth D] [--mtu M]\n"
 		"               [--rate-mbps R] [--cc dcqcn|none] [--dscp D] [--src-port P]\n"
 		"               [--ack-every N] [--rto-ms MS] [--retry-cnt N] [--burst PKTS]\n"
-		"               [--psn START] [--drain-s S] [--wake-us US] [--like rxe]\n");
+		"               [--psn START] [--drain-s S] [--wake-us US] [--like rxe]\n"
+		"               [--spray N]   (server: [--placement gbn|ooo] [--reorder-pkts N])\n");
 }
 
 static void parse_opts(int argc, char **argv, struct opts *o)
@@ -67,11 +69,14 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 		{"rto-ms", required_argument, 0, 'R'}, {"retry-cnt", required_argument, 0, 'y'},
 		{"burst", required_argument, 0, 'b'}, {"psn", required_argument, 0, 'P'},
 		{"drain-s", required_argument, 0, 'x'}, {"wake-us", required_argument, 0, 'w'},
-		{"like", required_argument, 0, 'L'}, {"help", no_argument, 0, 'h'},
+		{"like", required_argument, 0, 'L'}, {"spray", required_argument, 0, 'Y'},
+		{"placement", required_argument, 0, 'O'},
+		{"reorder-pkts", required_argument, 0, 'K'}, {"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	*o = (struct opts){.qps = 1, .size = 65536, .tx_depth = 16, .mtu = 1024, .dscp = 26,
 			   .ack_every = 64, .retry_cnt = 7, .burst_pkts = 4, .rate_mbps = 100,
-			   .rto_ms = 4, .drain_s = -1, .wake_us = 100, .cc_dcqcn = 1};
+			   .rto_ms = 4, .drain_s = -1, .wake_us = 100, .cc_dcqcn = 1,
+			   .reorder_pkts = 64};
 	opterr = 0;
 	int c, idx;
 	while ((c = getopt_long(argc, argv, "", longs, &idx)) != -1) {
@@ -111,6 +116,16 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 				host_bad_opt("like", "must be rxe");
 			o->like_rxe = 1;
 			break;
+		case 'Y': o->spray = (uint32_t)host_int_opt("spray", optarg, 1, 4096); break;
+		case 'O':
+			if (strcmp(optarg, "gbn") && strcmp(optarg, "ooo"))
+				host_bad_opt("placement", "must be gbn or ooo");
+			o->placement_ooo = !strcmp(optarg, "ooo");
+			break;
+		case 'K':
+			o->reorder_pkts = (uint32_t)host_int_opt("reorder-pkts", optarg, 1,
+								 QP_OOO_WINDOW - 1);
+			break;
 		case 'h': usage(stdout); exit(0);
 		default: {
 			const char *arg = argv[optind - 1];
@@ -130,6 +145,8 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 		host_bad_opt("iters", "a client needs exactly one of --iters and --duration");
 	if (o->src_port && o->src_port + o->qps - 1 > 65535)
 		host_bad_opt("src-port", "P + qps - 1 must stay a port number");
+	if (o->src_port && o->spray > 1 && o->src_port + o->qps - 1 + o->spray - 1 > 65535)
+		host_bad_opt("spray", "P + qps - 1 + N - 1 must stay a port number");
 	if (o->drain_s < 0)  /* long enough for every retry of the last messages */
 		o->drain_s = 1.0 + o->rto_ms * (o->retry_cnt + 1) / 1000.0;
 }
@@ -150,10 +167,10 @@ static void start_client(struct app *a, uint64_t now)
 		.start_psn = a->o.start_psn, .cc_dcqcn = a->o.cc_dcqcn,
 		.line_rate_bps = a->o.rate_mbps * 1e6, .burst_pkts = a->o.burst_pkts,
 		.max_unacked = a->o.like_rxe ? RXE_MAX_UNACKED_PSNS : 0,
-		.nak_once_per_retry = a->o.like_rxe};
+		.nak_once_per_retry = a->o.like_rxe, .spray = a->o.spray};
 	for (int i = 0; i < a->o.qps; i++) {
 		uint32_t qpn = a->h.qpn_base + 2 * (uint32_t)i;
-		c.sport = roce_udp_sport(qpn, a->o.src_port ? (uint16_t)(a->o.src_port + i) : 0, 0);
+		c.sport = roce_udp_sport(qpn, a->o.src_port ? (uint16_t)(a->o.src_port + i) : 0, 0, 0);
 		if (qp_req_init(&a->req[i], &c, qpn, qpn + 1, now)) {
 			fprintf(stderr, "roce_bw: out of memory\n");
 			exit(1);
@@ -249,11 +266,11 @@ static void json_client(FILE *f, struct app *a, double elapsed)
 		"\"duration_s\": %g, \"tx_depth\": %u, \"mtu\": %u, \"rate_mbps\": %g, "
 		"\"cc\": \"%s\", \"dscp\": %u, \"ack_every\": %u, \"rto_ms\": %g, "
 		"\"retry_cnt\": %u, \"burst_pkts\": %u, \"start_psn\": %u, \"wake_us\": %.3f, "
-		"\"like\": %s},\n",
+		"\"like\": %s, \"spray\": %u},\n",
 		o->qps, (unsigned long long)o->size, (unsigned long long)o->iters, o->duration_s,
 		o->tx_depth, o->mtu, o->rate_mbps, o->cc_dcqcn ? "dcqcn" : "none", o->dscp,
 		o->ack_every, o->rto_ms, o->retry_cnt, o->burst_pkts, o->start_psn,
-		(double)a->h.wake_ns / 1e3, o->like_rxe ? "\"rxe\"" : "null");
+		(double)a->h.wake_ns / 1e3, o->like_rxe ? "\"rxe\"" : "null", o->spray);
 	struct qp_req_counters t = {0};
 	for (int i = 0; i < a->h.nreq; i++) {
 		const struct qp_req_counters *n = &a->req[i].n;
@@ -289,8 +306,10 @@ static void json_client(FILE *f, struct app *a, double elapsed)
 
 static void json_server(FILE *f, struct app *a)
 {
-	fprintf(f, "  \"config\": {\"rate_mbps\": %g, \"cnp_interval_us\": %.3f},\n",
-		a->o.rate_mbps, (double)a->h.cnp_interval_ns / 1e3);
+	fprintf(f, "  \"config\": {\"rate_mbps\": %g, \"cnp_interval_us\": %.3f, "
+		"\"placement\": \"%s\", \"reorder_pkts\": %u},\n",
+		a->o.rate_mbps, (double)a->h.cnp_interval_ns / 1e3,
+		a->o.placement_ooo ? "ooo" : "gbn", a->o.reorder_pkts);
 	struct qp_resp_counters t = {0};
 	for (int i = 0; i < a->h.npeers; i++) {
 		const struct qp_resp_counters *n = &a->h.peers[i].r.n;
@@ -301,12 +320,18 @@ static void json_server(FILE *f, struct app *a)
 		t.cnps_sent += n->cnps_sent;
 		t.ce_received += n->ce_received;
 		t.messages_received += n->messages_received;
+		t.placed_out_of_order += n->placed_out_of_order;
+		t.out_of_sequence += n->out_of_sequence;
+		t.duplicates += n->duplicates;
 	}
 	fprintf(f, "  \"totals\": {");
 	HOST_U64(f, "packets_received", t.packets_received); fprintf(f, ", ");
 	HOST_U64(f, "payload_bytes_received", t.payload_bytes_received); fprintf(f, ", ");
 	HOST_U64(f, "wire_bytes_received", t.wire_bytes_received); fprintf(f, ", ");
 	HOST_U64(f, "messages_received", t.messages_received); fprintf(f, ", ");
+	HOST_U64(f, "placed_out_of_order", t.placed_out_of_order); fprintf(f, ", ");
+	HOST_U64(f, "out_of_sequence", t.out_of_sequence); fprintf(f, ", ");
+	HOST_U64(f, "duplicates", t.duplicates); fprintf(f, ", ");
 	HOST_U64(f, "naks_sent", t.naks_sent); fprintf(f, ", ");
 	HOST_U64(f, "cnps_sent", t.cnps_sent); fprintf(f, ", ");
 	HOST_U64(f, "ce_received", t.ce_received);
@@ -356,6 +381,8 @@ int main(int argc, char **argv)
 	a->h.req = a->req;
 	a->h.dscp = (uint8_t)a->o.dscp;
 	a->h.src_port = a->o.src_port;
+	a->h.placement_ooo = a->o.placement_ooo;
+	a->h.reorder_pkts = a->o.reorder_pkts;
 	host_init(&a->h, a->o.rate_mbps, a->o.burst_pkts, a->o.mtu, a->o.wake_us,
 		  MAX_RESPONDERS);
 	host_open_sockets(&a->h);

@@ -242,7 +242,7 @@ static struct qp_config qp_config(const struct ring *g, uint64_t msg_size, uint3
 		.mtu = o->mtu, .msg_size = msg_size, .tx_depth = o->tx_depth, .iters = 1,
 		.ackreq_every = 64, .rto_ns = ns_of(o->rto_ms / 1e3), .retry_cnt = o->retry_cnt,
 		.start_psn = psn, .cc_dcqcn = o->cc_dcqcn, .line_rate_bps = o->rate_mbps * 1e6,
-		.burst_pkts = 4, .sport = roce_udp_sport(g->qpn, o->src_port, 0)};
+		.burst_pkts = 4, .sport = roce_udp_sport(g->qpn, o->src_port, 0, 0)};
 }
 
 static void start_barrier(struct ring *g, uint64_t now)
