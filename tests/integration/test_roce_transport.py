@@ -90,13 +90,13 @@ class Rig(LineRig):
                 for e in item.get("rule", {}).get("expr", []) if "counter" in e]
 
     def run(self, tmp: Path, *client_args: str, stop_after: float | None = None,
-            ) -> tuple[dict, dict, int]:
+            server_args: tuple[str, ...] = ()) -> tuple[dict, dict, int]:
         """One server + one client run: (client JSON, server JSON, client exit code). With
         ``stop_after`` the client is stopped by SIGTERM that many seconds in."""
         srv_out, cli_out = tmp / "server.json", tmp / "client.json"
         server = self.spawn(self.ns_b, str(self.program), "--server", "--rate-mbps",
-                            str(RATE_MBIT), "--out", str(srv_out), stderr=subprocess.PIPE,
-                            text=True)
+                            str(RATE_MBIT), "--out", str(srv_out), *server_args,
+                            stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 10
         while ":4791 " not in self.ns(self.ns_b, "ss", "-Hlun").stdout:
             assert server.poll() is None, server.stderr.read() if server.stderr else ""
