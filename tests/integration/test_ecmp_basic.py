@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controllers import policies
+from lab.measure import reorder
 from lab.model.result import validate
 from tests.integration.support import (
     check_links_agree_with_flows,
@@ -90,6 +91,12 @@ def test_hash_l3_polarises_one_host_pair(tmp_path):
     assert counts == [0, 8]
     assert len({tuple(f["path"]) for f in r["flows"]}) == 1
     assert check_links_agree_with_flows(r) == []
+    # TCP's reordering counters per phase, at both ends of the one host pair.
+    ro = r["metrics"]["tcp_reorder"]["traffic"]
+    assert set(ro["per_host"]) == {*ro["senders"], *ro["receivers"]} == {"h1", "h5"}
+    assert all(type(v) is int and v >= 0 for c in [ro["sum"], *ro["per_host"].values()]
+               for v in c.values()) and set(ro["sum"]) == set(reorder.COUNTERS), ro
+    print(f"hash-l3 pairs=1: retransmits {r['metrics']['retransmits']} reordering {ro}")
 
 
 def test_ryu_runtime_runs_the_same_app(tmp_path):

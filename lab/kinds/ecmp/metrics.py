@@ -41,8 +41,11 @@ def upward_links_used(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def analyse(result: dict[str, Any]) -> dict[str, Any]:
-    """Per-uplink utilisation, imbalance, flows per uplink, expectation, goodput shortfall."""
+def analyse(result: dict[str, Any],
+            reordering: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Per-uplink utilisation, imbalance, flows per uplink, expectation, goodput shortfall;
+    ``reordering`` (phase -> ``lab.measure.reorder.Reordering.report()``) is kept beside the
+    retransmits: a policy that spreads a flow's packets pays in reordering, not only in loss."""
     topo = result["topology"]
     src_sw = edge_switches(topo)[0]
     hosts = {h["name"] for h in topo["hosts"]}
@@ -72,6 +75,7 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
         "aggregate_goodput_bps": goodput,
         "goodput_shortfall": round(1 - goodput / offered, 4) if offered else 0.0,
         "retransmits": sum(f["retransmits"] for f in result["flows"]),
+        **({"tcp_reorder": reordering} if reordering is not None else {}),
         # The same policy, offline, on the same 5-tuples (lab.analysis.predict): what the run should
         # show if the fabric did exactly what the policy function says.
         "predicted": predicted,
@@ -94,6 +98,13 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
                               f"(shortfall {mt['goodput_shortfall'] * 100:.1f}%)"),
         ("retransmits", str(mt["retransmits"])),
     ]
+    for phase, r in mt.get("tcp_reorder", {}).items():
+        s = r["sum"]
+        rows.append((f"TCP reordering ({phase})",
+                     f"{s['TCPSACKReorder']} SACK, {s['TCPTSReorder']} TS, "
+                     f"{s['TCPRenoReorder']} Reno; {s['TCPDSACKRecv']} DSACKs, "
+                     f"{s['TCPSpuriousRTOs']} spurious RTOs; {s['TCPOFOQueue']} queued "
+                     "out of order"))
     fs = mt.get("faults")
     if fs:
         react = "" if not fs["link_changes"] else "; controller rerouted within " + (

@@ -10,7 +10,7 @@ from lab.analysis import diagnose
 from lab.kinds.base import Plan, Progress, bring_up
 from lab.kinds.ecmp import metrics
 from lab.machine.progress import Ticker
-from lab.measure import headroom, telemetry
+from lab.measure import headroom, reorder, telemetry
 from lab.measure.result import flow_entries
 from lab.measure.window import Window
 from lab.workloads import faults
@@ -49,11 +49,16 @@ def traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
                                 classes=fabric.cpu)
     bridges = [s["name"] for s in plan.topo_desc["switches"]]
     window = Window(sampler, ports, bridges)
+    senders, receivers = reorder.tcp_ends(plan.flows)
+    # TCP's reordering counters over the same window, at both ends of every TCP flow.
+    reordering = reorder.Reordering({h: fabric.host(h) for h in senders + receivers},
+                                    senders, receivers)
     injector = faults.Injector(planned_faults, fabric.controller, bridges)
     try:
         runner.start_servers()
         sampler.start()
         window.open()
+        reordering.open()
         injector.t0 = runner.start_clients(duration)
         if planned_faults:
             injector.start()
@@ -68,6 +73,7 @@ def traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
         injector.stop()
         faults.restore(planned_faults)
         window.close()
+        reordering.close()
         status = fabric.controller.request({"cmd": "status"})
     finally:
         if injector.is_alive():
@@ -89,7 +95,8 @@ def traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
         for f in result["flows"]:
             f.update(result["faults"]["per_flow"][f["id"]])
     # The split is judged against the policy's own prediction, which reads the envelope.
-    result["metrics"] = metrics.analyse({**plan.envelope(), **result})
+    result["metrics"] = metrics.analyse({**plan.envelope(), **result},
+                                        {window.name: reordering.report()} if senders else None)
     if planned_faults:
         result["metrics"]["faults"] = result["faults"]["summary"]
     result["fidelity"] = fidelity(plan, result, window.judge(t_fid, window.t_end),
