@@ -261,11 +261,25 @@ def validate(params: dict[str, Any], schema: dict[str, Param]) -> dict[str, Any]
         for part in parts[:-1]:
             node = node[part]
         if schema_key(key) not in full_schema:
+            _check_owner(params, parts, full_schema)   # a value given as a mapping
             if node[parts[-1]] == {}:
                 continue                   # an empty section: a phase with no overrides
             raise ScenarioError(key, f"unknown key (known: {', '.join(sorted(full_schema))})")
         node[parts[-1]] = full_schema[schema_key(key)].check(key, node[parts[-1]])
     return params
+
+
+def _check_owner(params: dict[str, Any], parts: list[str],
+                 full_schema: dict[str, Param]) -> None:
+    """A key under one the schema holds a value for (``job.workers.0``): that value was
+    written as a mapping, which its own check refuses, naming it."""
+    for i in range(len(parts) - 1, 0, -1):
+        owner = ".".join(parts[:i])
+        if schema_key(owner) in full_schema:
+            node: Any = params
+            for part in parts[:i]:
+                node = node[part]
+            full_schema[schema_key(owner)].check(owner, node)
 
 
 def scale_rates(params: dict[str, Any], ratio: float,

@@ -99,6 +99,7 @@ FOUND = [
     ("ecmp-basic", ["spines=64", "leaves=64", "hosts_per_leaf=8"], "topology.hosts_per_leaf"),
     ("ecmp-polarisation", ["topology.k=12"], "topology.k"),         # 180 switches, 432 hosts
     ("allreduce-ecmp", ["buckets={}"], "job.buckets"),              # {} skipped the schema
+    ("allreduce-ecmp", ["job.workers={0: {}}"], "job.workers"),     # TypeError: a mapping
     ("allreduce-shared-link", ["storage.hosts=[[1]]"], "storage.hosts"),   # unhashable
     ("incast-ecn", ["ecn.ports=[{a: 1}]"], "ecn.ports"),
     ("streaming-incident", ["phases=,"], "phases"),                 # no phase: StopIteration
