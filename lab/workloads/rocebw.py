@@ -28,13 +28,14 @@ BIND_TIMEOUT_S = 10.0
 
 
 def start_servers(fabric: Fabric, binary: Path, rates_mbps: dict[str, float],
-                  work: Path) -> list[subprocess.Popen]:
+                  work: Path, placement: str = "gbn") -> list[subprocess.Popen]:
     """One ``roce_bw --server`` per receiver (``rates_mbps``: receiver -> its link's rate,
-    which sets its CNP interval), each bound to UDP 4791 before this returns."""
+    which sets its CNP interval; ``placement``: RC's go-back-N receiver or out-of-order
+    placement), each bound to UDP 4791 before this returns."""
     procs = []
     for rx in sorted(rates_mbps):
         argv = [str(binary), "--server", "--rate-mbps", f"{rates_mbps[rx]:g}",
-                "--out", str(work / f"server-{rx}.json")]
+                "--placement", placement, "--out", str(work / f"server-{rx}.json")]
         procs.append(programs.spawn(fabric, rx, argv, work / f"server-{rx}.log",
                                     f"roce_bw server in {rx}", "traffic"))
     deadline = time.monotonic() + BIND_TIMEOUT_S
@@ -51,13 +52,14 @@ def start_servers(fabric: Fabric, binary: Path, rates_mbps: dict[str, float],
 def client_argv(binary: Path, flow: FlowSpec, roce: dict[str, Any], duration_s: float,
                 out: Path) -> list[str]:
     """One QP from ``flow.src`` to ``flow.dst`` for ``duration_s``: the phase's ``roce.*``
-    settings, the planned source port, the lossless class's DSCP, at the sender's link rate
-    (``flow.rate_bps``)."""
+    settings, the planned source port (the first of ``roce.spray`` when sprayed), the
+    lossless class's DSCP, at the sender's link rate (``flow.rate_bps``)."""
     return [str(binary), "--client", flow.dst_ip, "--out", str(out),
             "--duration", f"{duration_s:g}", "--rate-mbps", f"{flow.rate_bps / 1e6:g}",
             "--cc", roce["cc"], "--mtu", str(roce["mtu"]), "--size", str(roce["size_bytes"]),
             "--tx-depth", str(roce["tx_depth"]), "--rto-ms", f"{roce['rto_ms']:g}",
-            "--src-port", str(flow.sport), "--dscp", str(ROCE_DSCP)]
+            "--src-port", str(flow.sport), "--dscp", str(ROCE_DSCP),
+            "--spray", str(roce.get("spray", 1))]
 
 
 def read_outputs(flows: list[FlowSpec], work: Path) -> dict[str, dict[str, Any]]:

@@ -33,6 +33,9 @@ from lab.model.flows import ROCE_UDP_PORT
     (["pfc.priority=4"], "pfc.priority"),                      # no class on priority 4
     (["phases.alone.flows=[{group: a, from: [h2], to: h99}]"], "phases.alone.flows[0].to"),
     (["topology.link_delay_ms=1"], "topology.link_delay_ms"),
+    (["roce.spray=0"], "roce.spray"),
+    (["roce.spray=257"], "roce.spray"),                        # more than a port block
+    (["roce.placement=sack"], "roce.placement"),
     # 20 hosts a leaf: more feeders of a port than pfcd's table holds
     (["topology.hosts_per_leaf=20", "classes.lossless_bytes=400000"],
      "phases.pfc.pfc.enabled"),
@@ -56,6 +59,24 @@ def test_the_scenario_plans_one_qp_per_sender_and_phase() -> None:
     tcp = [f.flow.dport for f in given.flows if f.transport == "tcp"]
     assert len(set(tcp)) == len(tcp) == 3       # its own iperf3 port in each phase
     assert len({f.flow.sport for f in given.flows}) == len(given.flows)
+
+
+def test_a_sprayed_qp_gets_a_port_block_of_its_own_and_a_subflow_per_port() -> None:
+    """roce.spray 8 in the dcqcn phase: each of its QPs sends from a block's first 8 ports,
+    each port a watched subflow; no other flow's port falls in a sprayed QP's block."""
+    given = run.check_input("pfc-hol", None, ["phases.dcqcn.roce.spray=8"], None, None)
+    sprayed = [f for f in given.flows if f.spray > 1]
+    assert {f.phase for f in sprayed} == {"dcqcn"} and len(sprayed) == 4
+    blocks = set()
+    for f in sprayed:
+        ports = [s.sport for s in f.specs()]
+        assert ports == list(range(f.flow.sport, f.flow.sport + 8))
+        assert f.flow.sport % 256 == 0 and [s.id for s in f.subflows][:1] == [
+            f"{f.flow.id}~1"]
+        blocks.add(f.flow.sport)
+    assert len(blocks) == 4
+    others = [f.flow.sport for f in given.flows if f.spray == 1]
+    assert not any(b <= p < b + 256 for b in blocks for p in others)
 
 
 def test_every_switch_port_is_fed_by_the_links_whose_traffic_can_leave_by_it() -> None:

@@ -76,6 +76,8 @@ def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, 
         g = groups.setdefault(f.group, {"transport": f.transport, "qps": 0,
                                         "goodput_bps": 0.0, "retransmitted": 0, "naks": 0,
                                         "timeouts": 0, "cnps": 0, "ce": 0,
+                                        # reordering, as the receivers saw it
+                                        "placed_out_of_order": 0, "out_of_sequence": 0,
                                         "offered_bps": 0.0, "qp_errors": [],
                                         "per_qp_bps": {}})
         bps = float(r.get("goodput_bps") or 0.0)
@@ -88,6 +90,8 @@ def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, 
         g["timeouts"] += int(t.get("rto_events", 0))
         g["cnps"] += int(t.get("cnps_received", 0))
         g["ce"] += int(resp.get("ce_received", 0))
+        g["placed_out_of_order"] += int(resp.get("placed_out_of_order", 0))
+        g["out_of_sequence"] += int(resp.get("out_of_sequence", 0))
         if o.get("error") and not o.get("missing"):
             g["qp_errors"].append(f"{f.flow.id}: {o['error']}")
     for g in groups.values():
@@ -95,7 +99,8 @@ def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, 
     pfc = details["pfc"] or {}
     return {
         "pfc": bool(pp["pfc"]["enabled"]), "ecn": pp["ecn"]["marking"],
-        "cc": pp["roce"]["cc"], "groups": groups,
+        "cc": pp["roce"]["cc"], "spray": pp["roce"]["spray"],
+        "placement": pp["roce"]["placement"], "groups": groups,
         **pauses.summary(details["classes"], details["pfc"], details["pfc_feeders"]),
         "ce_marked": sum(ln.get("ce_marked", 0) for ln in details["links"]),
         "pfcd_cpu_per_s": (pfc.get("cpu") or {}).get("per_s"),

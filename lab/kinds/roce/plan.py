@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controllers.marking import Marking
@@ -31,6 +31,8 @@ from lab.model.topodesc import check_fabric
 #: What a flow group runs: RoCE QPs (the lossless class), or TCP (iperf3, cubic) in the
 #: lossy class beside them - PFC pauses one priority, and the other keeps flowing.
 TRANSPORTS = ("roce", "tcp")
+#: A sprayed QP's source ports: a block of this many of its own, from a multiple of it.
+SPRAY_BLOCK = 256
 
 SCHEMA: dict[str, Param] = {
     **lossless.SCHEMA,
@@ -44,26 +46,41 @@ SCHEMA: dict[str, Param] = {
     "ecn.kmin_bytes": Param(int, -(1 << 31), 1 << 31),
     "ecn.kmax_bytes": Param(int, -(1 << 31), 1 << 31),
     "ecn.pmax": Param(float, -1, 2),
+    # packet spraying: each QP's packets take SPRAY_BLOCK's first N UDP source ports in turn
+    # (roce_bw --spray), so the switches' hash spreads one QP over the paths
+    "roce.spray": Param(int, 1, SPRAY_BLOCK),
+    # the receivers: RC's go-back-N (gbn) or out-of-order placement (ooo)
+    "roce.placement": Param(str, choices=("gbn", "ooo")),
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     **lossless.DEFAULTS,
+    "roce": {**lossless.DEFAULTS["roce"], "spray": 1, "placement": "gbn"},
     "ecn": {"marking": "off", "kmin_bytes": 5_000, "kmax_bytes": 20_000, "pmax": 0.2},
 }
 
 
 @dataclass
 class RoceFlow:
-    """One QP of a phase: its 5-tuple (UDP, a fixed source port, 4791), when it starts."""
+    """One QP of a phase: its 5-tuple (UDP, a fixed source port, 4791), when it starts.
+    A sprayed QP (``spray`` > 1) sends from ``flow.sport`` and the next ``spray - 1``
+    ports: ``subflows`` are those 5-tuples, watched on the switches like flows, so each
+    one's path and bytes are what its packets did."""
 
     phase: str
     group: str
     start_s: float
     flow: FlowSpec
     transport: str = "roce"
+    spray: int = 1
+    subflows: list[FlowSpec] = field(default_factory=list)
 
     def spec(self) -> FlowSpec:
         return self.flow
+
+    def specs(self) -> list[FlowSpec]:
+        """Every 5-tuple the QP's packets carry: its own, then its subflows'."""
+        return [self.flow, *self.subflows]
 
 
 def phase_params(params: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -93,7 +110,8 @@ def flows(topo_desc: dict[str, Any], params: dict[str, Any],
                     id=f"{group}-{src}", src=src, dst=receiver, src_ip=ips[src],
                     dst_ip=ips[receiver], proto="tcp" if tcp else "udp", sport=0,
                     dport=0 if tcp else ROCE_UDP_PORT, rate_bps=host_bw[src] * 1e6, kind=group,
-                    cc="cubic" if tcp else pp["roce"]["cc"]), "tcp" if tcp else "roce"))
+                    cc="cubic" if tcp else pp["roce"]["cc"]), "tcp" if tcp else "roce",
+                    1 if tcp else pp["roce"]["spray"]))
     if not planned:
         raise ScenarioError("flows", "no phase has a flow")
     base = params.get("baseline")
@@ -101,9 +119,24 @@ def flows(topo_desc: dict[str, Any], params: dict[str, Any],
         raise ScenarioError("baseline", f"no phase {base!r} (phases: {', '.join(phases)})")
     for f, sport in zip(planned, rng.sample(FIXED_SPORTS, len(planned)), strict=True):
         f.flow.sport = sport
+    _spray_ports([f for f in planned if f.spray > 1], {f.flow.sport for f in planned}, rng)
     for i, f in enumerate(x for x in planned if x.transport == "tcp"):
         f.flow.dport = BASE_DPORT + i      # each iperf3 server its own port
     return planned
+
+
+def _spray_ports(sprayed: list[RoceFlow], used: set[int], rng: random.Random) -> None:
+    """Each sprayed QP a block of SPRAY_BLOCK source ports that no other flow's port is in
+    (drawn from the seed), and its subflows: the block's next ``spray - 1`` ports."""
+    if not sprayed:
+        return
+    start = -(-FIXED_SPORTS.start // SPRAY_BLOCK) * SPRAY_BLOCK
+    free = [b for b in range(start, FIXED_SPORTS.stop - SPRAY_BLOCK + 1, SPRAY_BLOCK)
+            if not any(b <= p < b + SPRAY_BLOCK for p in used)]
+    for f, base in zip(sprayed, rng.sample(free, len(sprayed)), strict=True):
+        f.flow.sport = base
+        f.subflows = [replace(f.flow, id=f"{f.flow.id}~{e}", sport=base + e, result={})
+                      for e in range(1, f.spray)]
 
 
 def _flow_group(item: Any, w: str, ips: dict[str, str],

@@ -65,7 +65,10 @@ def on_fabric(plan: Plan, fabric: Fabric, progress: Progress,
 def describe(pp: dict[str, Any]) -> str:
     pfc = "PFC" if pp["pfc"]["enabled"] else "no PFC"
     ecn = "ECN (RED)" if pp["ecn"]["marking"] == "red" else "no marking"
-    return f"{pfc}, {ecn}, congestion control {pp['roce']['cc']}"
+    r = pp["roce"]
+    spray = (f", sprayed over {r['spray']} ports, {r['placement']} receivers"
+             if r["spray"] > 1 else "")
+    return f"{pfc}, {ecn}, congestion control {r['cc']}{spray}"
 
 
 class RoceRun:
@@ -78,6 +81,10 @@ class RoceRun:
         self.bridges = [s["name"] for s in self.topo["switches"]]
         self.marked: set[str] = set()
         self.flows = [f for f in plan.flows if isinstance(f, RoceFlow)]
+        # every 5-tuple of the run (QPs, then sprayed QPs' subflows): its switch counters'
+        # index, distinct across the run's phases
+        specs = [f.flow for f in self.flows] + [s for f in self.flows for s in f.subflows]
+        self.index = {id(s): i for i, s in enumerate(specs)}
         self.hosts = {h["name"] for h in self.topo["hosts"]}
         self.lossless = LosslessClass(fabric, self.topo, self.request)
 
@@ -109,11 +116,11 @@ class RoceRun:
     def phase(self, name: str, pp: dict[str, Any]) -> dict[str, Any]:
         """One phase from its settings to its counters."""
         flows = [f for f in self.flows if f.phase == name]
-        index = {id(f): self.flows.index(f) for f in flows}
+        specs = [s for f in flows for s in f.specs()]
         work = self.fabric.run_dir / "roce" / name
         work.mkdir(parents=True, exist_ok=True)
         marking = self.set_marking(pp)
-        watch = [e for f in flows for e in f.flow.watch_entries(index[id(f)])]
+        watch = [e for s in specs for e in s.watch_entries(self.index[id(s)])]
         if watch:
             self.request({"cmd": "watch", "flows": watch})
         sampler = telemetry.Sampler(self.ports, hz=telemetry.SAMPLE_HZ,
@@ -125,8 +132,8 @@ class RoceRun:
         outputs = rocebw.read_outputs([f.flow for f in roce], work)
         for f in roce:
             f.flow.result = rocebw.flow_result(outputs[f.flow.id])
-        fentries = flow_entries([f.flow for f in flows], window.flow_deltas(), self.topo,
-                                [index[id(f)] for f in flows])
+        fentries = flow_entries(specs, window.flow_deltas(), self.topo,
+                                [self.index[id(s)] for s in specs])
         links = window.links()
         for ln in links:
             c0, c1 = d["ecn0"].get(ln["intf"], {}), d["ecn1"].get(ln["intf"], {})
@@ -167,7 +174,8 @@ class RoceRun:
             rates = {ln["a"]: ln["bw_mbps"] for ln in self.topo["links"]
                      if ln["a"] in self.hosts}
             servers = rocebw.start_servers(self.fabric, self.binary,
-                                           {f.flow.dst: rates[f.flow.dst] for f in roce}, work)
+                                           {f.flow.dst: rates[f.flow.dst] for f in roce}, work,
+                                           pp["roce"]["placement"])
             tcp.start_servers()
             window.sampler.start()
             window.open()
