@@ -432,7 +432,7 @@ void host_wait(struct host *h, uint64_t wake)
 {
 	uint64_t now = host_now_ns();
 	/* Sleep at most 100 ms: nothing is lost by looking around now and then. */
-	if (h->blocked && h->retry_ns && h->retry_ns < wake)
+	if (h->retry_ns && h->retry_ns < wake)     /* set only while blocked */
 		wake = h->retry_ns;
 	uint64_t dt = wake <= now ? 0 : wake - now;
 	if (dt > 100000000ull)

@@ -57,6 +57,12 @@ uint16_t roce_udp_sport(uint32_t qpn, uint16_t base, uint64_t seq, uint32_t spra
 	return (uint16_t)(49152 + (h >> 18));
 }
 
+/* A message's last packet: its completion at the requester, its MSN at the responder. */
+static int ends_message(uint8_t opcode)
+{
+	return opcode == ROCE_OP_WRITE_LAST || opcode == ROCE_OP_WRITE_ONLY;
+}
+
 static uint32_t seq_psn(const struct qp_requester *q, uint64_t seq)
 {
 	return roce_psn_add(q->c.start_psn, (uint32_t)(seq & ROCE_PSN_MASK));
@@ -205,7 +211,7 @@ size_t qp_req_take(struct qp_requester *q, struct roce_hdr *h, size_t *payload_l
 	size_t payload;
 	uint8_t op = pkt_shape(q, seq, &payload);
 	uint64_t msg = seq / q->pkts_per_msg;
-	int last = op == ROCE_OP_WRITE_LAST || op == ROCE_OP_WRITE_ONLY;
+	int last = ends_message(op);
 
 	memset(h, 0, sizeof(*h));
 	h->opcode = op;
@@ -440,8 +446,7 @@ static void place_ahead(struct qp_responder *r, const struct roce_hdr *h, size_t
 		return;
 	}
 	set_bit(r->placed, h->psn, 1);
-	set_bit(r->last, h->psn, h->opcode == ROCE_OP_WRITE_LAST ||
-		h->opcode == ROCE_OP_WRITE_ONLY);
+	set_bit(r->last, h->psn, ends_message(h->opcode));
 	r->n.payload_bytes_received += payload_len;
 	r->n.placed_out_of_order++;
 	if (h->ackreq)
@@ -473,8 +478,7 @@ void qp_resp_on_data(struct qp_responder *r, const struct roce_hdr *h, size_t pa
 	int32_t d = roce_psn_diff(h->psn, r->epsn);
 	if (d == 0) {
 		r->n.payload_bytes_received += payload_len;
-		complete_in_order(r, h->opcode == ROCE_OP_WRITE_LAST ||
-				  h->opcode == ROCE_OP_WRITE_ONLY);
+		complete_in_order(r, ends_message(h->opcode));
 		if (h->ackreq)
 			r->ack_pending = 1;
 		/* then over what was placed ahead, and one ACK says how far */

@@ -146,8 +146,9 @@ double qp_req_rate_bps(const struct qp_requester *q);
 /* Completion latency percentiles over the recorded messages (q in 0..100); sorts them. */
 double qp_req_latency_pct(struct qp_requester *q, double pct);
 
-/* The UDP source port of a QP's packet: the one place that chooses it, so that a later
- * spray mode can vary it per packet. base 0 derives it from the QPN (49152..65535). */
+/* The UDP source port of a QP's packet seq: the one place that chooses it. base 0
+ * derives it from the QPN (49152..65535); spray > 1 varies it per packet over spray
+ * values (base + 0..spray-1, or spray values hashed with the QPN). */
 uint16_t roce_udp_sport(uint32_t qpn, uint16_t base, uint64_t seq, uint32_t spray);
 
 struct qp_resp_counters {
