@@ -39,14 +39,23 @@ def uplink_prediction(result: dict[str, Any], src_switch: str) -> dict[str, Any]
     ports = sorted(uplinks)
     flows_on = {p: 0 for p in ports}
     bps_on = {p: 0.0 for p in ports}
+    # An MPTCP connection's offered rate, split evenly over its subflows: what its scheduler
+    # sends on each while no path is congested.
+    members: dict[str, int] = {}
+    for f in result["flows"]:
+        conn = f.get("subflow_of") or f["id"]
+        members[conn] = members.get(conn, 0) + 1
+    offered = {f["id"]: f["offered_bps"] for f in result["flows"] if not f.get("subflow_of")}
     for f in result["flows"]:
         key = FlowKey(f["src_ip"], f["dst_ip"], PROTO[f["proto"]], f["sport"], f["dport"])
         if cls.granularity == "pair":
             key = FlowKey(key.src, key.dst, 0, 0, 0)      # what the controller hashes
+        conn = f.get("subflow_of") or f["id"]
+        share = offered.get(conn, 0.0) / members[conn]
         port = policy.choose(key, src_switch, ports)
-        policy.placed(key, src_switch, port, f["offered_bps"])
+        policy.placed(key, src_switch, port, share)
         flows_on[port] += 1
-        bps_on[port] += f["offered_bps"]
+        bps_on[port] += share
     carried = {p: min(bps_on[p], uplinks[p]["bw_mbps"] * 1e6) for p in ports}
     name = {p: f"{src_switch}->{uplinks[p]['peer']}" for p in ports}
     return {

@@ -78,5 +78,9 @@ def flow_entries(flows: list[FlowSpec], counters: dict[str, dict[int, tuple[int,
             "received_bytes": r.get("received_bytes", 0),
             "cc": f.cc if f.proto == "tcp" else None,
             "error": r.get("error"),
+            # An MPTCP connection's entry (its first subflow) says how many it has; each
+            # joined subflow's entry names its connection, whose goodput it is part of.
+            **({"transport": "mptcp", "subflows": f.subflows} if f.subflows > 1 else {}),
+            **({"transport": "mptcp", "subflow_of": f.subflow_of} if f.subflow_of else {}),
         })
     return entries

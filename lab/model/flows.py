@@ -25,6 +25,14 @@ FIXED_SPORTS = range(32768, 60999)
 HOST_EPHEMERAL_PORTS = (61000, 65535)
 EPHEMERAL_SYSCTL = ("net.ipv4.ip_local_port_range="
                     f"'{HOST_EPHEMERAL_PORTS[0]} {HOST_EPHEMERAL_PORTS[1]}'")
+#: An MPTCP connection's extra subflows join the receiver at these ports, one each: the
+#: receiver announces its own address once per port (ADD_ADDR with a port), so each joined
+#: subflow has a destination port of its own and a switch hashing 5-tuples can part them.
+#: Below BASE_DPORT, outside the fixed and the ephemeral source ports.
+MPTCP_JOIN_PORT = 5101
+#: Subflows of one MPTCP connection at most: the in-kernel path manager's limit
+#: (``ip mptcp limits``: MPTCP_PM_ADDR_MAX, 8 since Linux 5.7), the first subflow counted.
+MPTCP_MAX_SUBFLOWS = 8
 
 
 @dataclass
@@ -43,6 +51,10 @@ class FlowSpec:
     kind: str = "elephant"
     cc: str | None = None
     result: dict[str, Any] = field(default_factory=dict)
+    #: Subflows an MPTCP connection opens, its first one counted; 1: plain TCP or UDP.
+    subflows: int = 1
+    #: The flow this 5-tuple is a joined subflow of (found on the wire, not planned).
+    subflow_of: str | None = None
 
     def watch_entries(self, index: int) -> list[dict[str, object]]:
         """Counter entries for the data direction and the reverse (ACK) direction."""

@@ -20,10 +20,13 @@ from lab.machine.programs import ready_timeout_s
 from lab.machine.state import RunRecord
 from lab.model.errors import MachineError
 from lab.model.flows import FlowSpec
+from lab.workloads import mptcp
 
 
 def _iperf_server_cmd(flow: FlowSpec, interval_s: float | None = None) -> list[str]:
     cmd = ["iperf3", "-s", "-1", "-J", "-B", flow.dst_ip, "-p", str(flow.dport)]
+    if flow.subflows > 1:
+        cmd = [*mptcp.WRAPPER, *cmd]
     return [*cmd, "-i", f"{interval_s:g}"] if interval_s else cmd
 
 
@@ -33,6 +36,11 @@ def _iperf_client_cmd(flow: FlowSpec, duration_s: float) -> list[str]:
     rate = str(int(flow.rate_bps))
     if flow.proto == "udp":
         return [*cmd, "-u", "-l", "1400", "-b", rate]
+    if flow.subflows > 1:
+        # An MPTCP socket refuses SO_MAX_PACING_RATE (its subflows pace themselves): the
+        # connection's rate is iperf3's own -b, at the price of its 1 ms timer.
+        cmd = [*mptcp.WRAPPER, *cmd, "-b", rate]
+        return [*cmd, "-C", flow.cc] if flow.cc else cmd
     # TCP is paced by the kernel (SO_MAX_PACING_RATE), not by iperf3's -b, whose 1 ms
     # timer wakes every client 1000 times a second whatever its rate: 2.7 % of a core per
     # client here, and both vCPUs of a VM without KVM for eight of them. TCP paces on its

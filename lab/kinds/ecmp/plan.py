@@ -6,14 +6,17 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from lab.model.flows import BASE_DPORT, FlowSpec, pick_source_ports
+from lab.model.errors import ScenarioError
+from lab.model.flows import BASE_DPORT, MPTCP_MAX_SUBFLOWS, FlowSpec, pick_source_ports
 from lab.model.scenario import Param, require
 from lab.model.topodesc import check_fabric, edge_switches, hosts_of, uplink_capacity_bps
-from lab.workloads import faults
+from lab.workloads import faults, mptcp
 
 SCHEMA: dict[str, Param] = {
     "traffic.flows": Param(int, 1, 128),
-    "traffic.proto": Param(str, choices=("tcp", "udp")),
+    # mptcp: each flow one MPTCP connection (iperf3 under mptcpize) of traffic.subflows
+    "traffic.proto": Param(str, choices=("tcp", "udp", "mptcp")),
+    "traffic.subflows": Param(int, 2),
     "traffic.load": Param(float, 0.01, 2.0),
     "traffic.pairs": Param(int, 0, 4096),
     "traffic.cc": Param(str, choices=("cubic", "reno", "bbr")),
@@ -23,6 +26,28 @@ SCHEMA: dict[str, Param] = {
 
 #: The values an ecmp scenario must give: there is no sensible default for them.
 REQUIRED = ["traffic.flows", "traffic.proto", "traffic.load"]
+#: Subflows of an MPTCP flow when the scenario does not say: one per path of a 4-spine fabric.
+DEFAULT_SUBFLOWS = 4
+
+
+def subflows(t: dict[str, Any]) -> int:
+    """Subflows per connection: 1 unless ``traffic.proto`` is mptcp; checked against the
+    machine (an MPTCP kernel, mptcpize) and the path manager's limit."""
+    n = t.get("subflows")
+    if t["proto"] != "mptcp":
+        if n is not None:
+            raise ScenarioError("traffic.subflows", "only an mptcp flow has subflows "
+                                f"(traffic.proto is {t['proto']})")
+        return 1
+    n = DEFAULT_SUBFLOWS if n is None else n
+    if n > MPTCP_MAX_SUBFLOWS:
+        raise ScenarioError("traffic.subflows", f"{n} is more than the kernel path "
+                            f"manager's limit of {MPTCP_MAX_SUBFLOWS} per connection "
+                            "(ip mptcp limits)")
+    why = mptcp.unavailable()
+    if why:
+        raise ScenarioError("traffic.proto", f"mptcp: {why}")
+    return n
 
 
 def flows(topo_desc: dict, params: dict[str, Any], rng: random.Random) -> list[FlowSpec]:
@@ -39,13 +64,15 @@ def flows(topo_desc: dict, params: dict[str, Any], rng: random.Random) -> list[F
     rate = t["load"] * uplink_capacity_bps(topo_desc, src_sw) / n
     ips = {h["name"]: h["ip"] for h in topo_desc["hosts"]}
     sports = pick_source_ports(n, rng)
+    per = subflows(t)
     planned = []
     for i in range(n):
         j = i % pairs
         src, dst = srcs[j % len(srcs)], dsts[j % len(dsts)]
         planned.append(FlowSpec(id=f"f{i + 1}", src=src, dst=dst, src_ip=ips[src],
-                              dst_ip=ips[dst], proto=t["proto"], sport=sports[i],
-                              dport=BASE_DPORT + i, rate_bps=rate, cc=t.get("cc")))
+                              dst_ip=ips[dst], proto="tcp" if per > 1 else t["proto"],
+                              sport=sports[i], dport=BASE_DPORT + i, rate_bps=rate,
+                              cc=t.get("cc"), subflows=per))
     return planned
 
 

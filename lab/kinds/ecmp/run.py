@@ -13,7 +13,8 @@ from lab.machine.progress import Ticker
 from lab.measure import headroom, reorder, telemetry
 from lab.measure.result import flow_entries
 from lab.measure.window import Window
-from lab.workloads import faults
+from lab.model.flows import FlowSpec
+from lab.workloads import faults, mptcp
 from lab.workloads.traffic import FlowRunner
 
 if TYPE_CHECKING:
@@ -54,19 +55,27 @@ def traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
     reordering = reorder.Reordering({h: fabric.host(h) for h in senders + receivers},
                                     senders, receivers)
     injector = faults.Injector(planned_faults, fabric.controller, bridges)
+    multipath = any(f.subflows > 1 for f in plan.flows)
+    subflows: list[FlowSpec] = []
     try:
+        if multipath:
+            mptcp.configure(fabric, plan.flows)
         runner.start_servers()
         sampler.start()
+        if multipath:
+            injector.t0, subflows = _start_mptcp(plan, fabric, runner, duration)
         window.open()
         reordering.open()
-        injector.t0 = runner.start_clients(duration)
+        if not multipath:
+            injector.t0 = runner.start_clients(duration)
         if planned_faults:
             injector.start()
         progress(f"[{plan.policy_label}] {len(plan.flows)} flows for {duration:g} s ..."
                  + "".join(f"\n  fault at {f.at:g} s: {f.label}" for f in planned_faults))
         # CPU idle counts from when the last client was connected: starting them is set-up.
         connected = runner.wait_connected()
-        t_fid = window.t_start if connected is None else connected - sampler.t0
+        t_fid = window.t_start if connected is None else max(window.t_start,
+                                                             connected - sampler.t0)
         with Ticker(duration, f"[{plan.policy_label}] traffic"):
             runner.wait(timeout_s=duration + 15)
         fabric.timings["traffic_s"] = time.monotonic() - sampler.t0 - window.t_start
@@ -84,7 +93,7 @@ def traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
     result: dict[str, Any] = {
         "duration_s": round(window.measured_s, 3),
         "links": window.links(),
-        "flows": flow_entries(plan.flows, window.flow_deltas(), plan.topo_desc),
+        "flows": flow_entries(plan.flows + subflows, window.flow_deltas(), plan.topo_desc),
         # What the controller did: per-flow decisions taken, port-load samples fed to a
         # load-aware policy (0 for the others).
         "controller": {k: status.get(k) for k in ("decisions", "port_samples")},
@@ -102,6 +111,21 @@ def traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
     result["fidelity"] = fidelity(plan, result, window.judge(t_fid, window.t_end),
                                   planned_faults)
     return result
+
+
+def _start_mptcp(plan: Plan, fabric: Fabric, runner: FlowRunner,
+                 duration: float) -> tuple[float, list[FlowSpec]]:
+    """Start the MPTCP clients and watch their joined subflows; (start time, subflows).
+
+    A joined subflow's source port is the kernel's: it is found once up and watched before
+    the window opens, so that links and flows count the same packets.
+    """
+    assert fabric.controller is not None
+    t0 = runner.start_clients(duration)
+    subflows = mptcp.wait_subflows(fabric, plan.flows)
+    fabric.controller.request({"cmd": "watch", "flows": [
+        e for i, s in enumerate(subflows, len(plan.flows)) for e in s.watch_entries(i)]})
+    return t0, subflows
 
 
 def fidelity(plan: Plan, result: dict[str, Any], judged: dict[str, Any],
