@@ -147,6 +147,8 @@ class FabricApp(ControlRequests, BaseApp):
         # Last port counters per switch, for load-aware policies: {switch: (t, {port: bytes})}.
         self._port_bytes: dict[str, tuple[float, dict[int, int]]] = {}
         self._port_samples = 0              # measurements given to the policy (status)
+        self._queue_samples = 0             # queue samples given to the policy (status)
+        self._moves: list[dict[str, Any]] = []  # flows a queue-reading policy moved
         self.control = ControlServer(self.cfg.control_socket, self.handle_request, hub.spawn)
         LOG.info("fabric app on %s %s (%s hub): policy %s (%s) seed %d, %d switches, "
                  "%d hosts, %d switch links", RUNTIME_NAME, RUNTIME_VERSION, HUB_TYPE,

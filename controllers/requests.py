@@ -43,6 +43,8 @@ class ControlRequests:
         handlers = {"watch": lambda: self.watch(req.get("flows")),
                     "pin": lambda: self.pin(req.get("flows")),
                     "jobs": lambda: self.jobs(req.get("flows")),
+                    "queues": lambda: self.queues_sample(req.get("ports"),
+                                                         req.get("threshold_bytes")),
                     "ecn": lambda: self.ecn(req.get("ports")),
                     "ecn_stats": self.ecn_stats,
                     "pfc": lambda: self.pfc(req.get("config"), req.get("off"))}
@@ -60,6 +62,7 @@ class ControlRequests:
             errors = {name: sw.errors[-1] for name, sw in self._switches.items() if sw.errors}
             decisions, watched = self._decisions, len(self._watched)
             port_samples = self._port_samples
+            queue_samples, moves = self._queue_samples, [dict(m) for m in self._moves]
             down = self.down_link_names()
             history = {"link_events": [dict(e) for e in self._link_events],
                        "reroutes": [dict(r) for r in self._reroutes],
@@ -69,7 +72,8 @@ class ControlRequests:
                 "policy": self.policy.name, "seed": self.cfg.seed, "switches": switches,
                 "ready": all(v == "programmed" for v in switches.values()),
                 "errors": errors, "watched": watched, "decisions": decisions,
-                "port_samples": port_samples, "down_links": down, **history}
+                "port_samples": port_samples, "queue_samples": queue_samples,
+                "moves": moves, "down_links": down, **history}
 
     def watch(self, flows: Any) -> dict[str, Any]:
         """Per-flow counters on every connected switch; replies after all their barriers."""
@@ -164,6 +168,41 @@ class ControlRequests:
             observe(table)
         LOG.info("jobs: %d flows of %d jobs", len(table), len(set(table.values())))
         return {"ok": True, "flows": len(table), "jobs": len(set(table.values()))}
+
+    def queues_sample(self, ports: Any, threshold: Any) -> dict[str, Any]:
+        """One sample of the switch ports' queues ({intf: backlog bytes}) for a policy that
+        places by them (``observes_queues``); the flows it moves are moved at once."""
+        observe = getattr(self.policy, "observe_queues", None)
+        if observe is None:
+            raise RequestError(f"policy {self.policy.name!r} does not read queues (it has "
+                               "no observe_queues)")
+        if not isinstance(ports, dict):
+            raise RequestError("ports: expected {intf: backlog bytes}")
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold <= 0:
+            raise RequestError("threshold_bytes: expected a positive int")
+        by_switch: dict[str, dict[int, int]] = {}
+        for intf, q in ports.items():
+            p = self.queues.get(intf)
+            if p is not None and isinstance(q, int):
+                by_switch.setdefault(p.switch, {})[p.port] = q
+        moved = []
+        with self._lock:
+            now = time.monotonic()
+            for name, backlog in sorted(by_switch.items()):
+                sw = self._switches.get(name)
+                for key, old, new in observe(name, backlog, threshold):
+                    if sw is not None and sw.state == "programmed":
+                        sw.dp.send_msg(openflow.add_flow(sw.dp, plan.reactive_entry(
+                            key, new, self.policy.idle_timeout)))
+                    moved.append({"t": now, "switch": name, "from": old, "to": new,
+                                  "flow": [key.src, key.sport, key.dst, key.dport,
+                                           key.proto]})
+            self._queue_samples += 1
+            self._moves += moved
+        for m in moved:
+            LOG.info("%s: moved %s off port %d (queue above %d B) to %d", m["switch"],
+                     m["flow"], m["from"], threshold, m["to"])
+        return {"ok": True, "moved": len(moved)}
 
     def pin(self, flows: Any) -> dict[str, Any]:
         """Replace the set of placed flows: each 5-tuple leaves its switch by a given port.

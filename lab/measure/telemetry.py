@@ -15,7 +15,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -244,9 +244,13 @@ class Sampler(threading.Thread):
 
     def __init__(self, ports: list[Port], hz: float = 10.0,
                  controller: HasProcess | None = None,
-                 classes: cpuclass.CpuClasses | None = None) -> None:
+                 classes: cpuclass.CpuClasses | None = None,
+                 on_queues: Callable[[dict[str, int]], None] | None = None) -> None:
         super().__init__(daemon=True, name="fabriclab-sampler")
         self.ports = ports
+        #: Given every sample's queue backlogs ({intf: bytes}): a policy placing by queues
+        #: reacts to the same samples the run reports (``lab.measure.queuefeed``).
+        self.on_queues = on_queues
         self.period = 1.0 / hz
         self.controller = controller
         #: The run's CPU classes (``lab.machine.cpuclass``), whose CPU and waiting are read
@@ -323,6 +327,8 @@ class Sampler(threading.Thread):
                 s.t.append(round(now - self.t0, 4))
                 s.tx_bps.append((cur[p][0] - prev[p][0]) * 8 / dt)
                 s.queue_bytes.append(cur[p][1])
+            if self.on_queues is not None:
+                self.on_queues({p.intf: cur[p][1] for p in self.local})
             prev, prev_t = cur, now
             n += 1
             self._cpu_sample(now - self.t0, n)

@@ -74,3 +74,47 @@ def test_least_loaded_repeats_its_decision_for_a_flow_and_counts_it_once() -> No
         assert pol.choose(flow(40001), "leaf1", [1, 2]) == first
         pol.placed(flow(40001), "leaf1", first, None)
     assert pol.load("leaf1", first) == pol.new_flow_bps
+
+
+# -- adaptive: a flow moved off a port whose queue stays above the threshold ------------------
+
+def _placed(pol: policies.HashPolicy, n: int, ports: list[int]) -> dict[FlowKey, int]:
+    return {flow(s): pol.choose(flow(s), "leaf1", ports) for s in range(40000, 40000 + n)}
+
+
+def test_adaptive_moves_one_flow_once_a_queue_stays_above_the_threshold() -> None:
+    pol = policies.get("adaptive")(seed=1)
+    where = _placed(pol, 8, [1, 2, 3, 4])
+    hot = max({1, 2, 3, 4}, key=lambda p: list(where.values()).count(p))
+    queues = {p: (60_000 if p == hot else 1_000 * p) for p in (1, 2, 3, 4)}
+    assert pol.observe_queues("leaf1", queues, 30_000, now=10.0) == []   # one sample: not yet
+    moves = pol.observe_queues("leaf1", queues, 30_000, now=10.1)
+    assert len(moves) == 1
+    key, old, new = moves[0]
+    assert old == hot and where[key] == hot
+    assert new == min((p for p in (1, 2, 3, 4) if p != hot), key=queues.__getitem__)
+    assert pol.choose(key, "leaf1", [1, 2, 3, 4]) == new      # a late packet-in agrees
+
+
+def test_adaptive_lets_a_moved_flow_and_a_filled_port_settle() -> None:
+    pol = policies.get("adaptive")(seed=1)
+    pol.settle_s, pol.dwell_s = 0.5, 2.0
+    where = _placed(pol, 2, [1, 2])
+    for f in where:                                   # both on port 1, for the test
+        pol.placed_on[("leaf1", f)] = (1, (1, 2), float("-inf"))
+    hot = {1: 60_000, 2: 0}
+    pol.observe_queues("leaf1", hot, 30_000, now=0.0)
+    assert len(pol.observe_queues("leaf1", hot, 30_000, now=0.1)) == 1
+    # port 2 just took a flow: no second move there for settle_s, whatever port 1 says
+    pol.observe_queues("leaf1", hot, 30_000, now=0.2)
+    assert pol.observe_queues("leaf1", hot, 30_000, now=0.3) == []
+    assert len(pol.observe_queues("leaf1", hot, 30_000, now=0.7)) == 1   # still hot: moves
+    assert pol.observe_queues("leaf1", hot, 30_000, now=0.8) == []      # nothing left there
+
+
+def test_adaptive_moves_nothing_to_a_port_that_is_also_full() -> None:
+    pol = policies.get("adaptive")(seed=1)
+    _placed(pol, 8, [1, 2])
+    full = {1: 60_000, 2: 45_000}
+    for t in (0.0, 0.1, 0.2):
+        assert pol.observe_queues("leaf1", full, 30_000, now=t) == []

@@ -135,3 +135,13 @@ def test_the_prediction_splits_a_connection_evenly_over_its_subflows():
     pred = predict.uplink_prediction(result, "leaf1")
     assert sum(pred["carried_bps"].values()) == pytest.approx(30e6)
     assert sorted(pred["carried_bps"].values()) in ([0, 30e6], [10e6, 20e6])
+
+
+def test_the_adaptive_threshold_must_be_below_the_queue():
+    from lab.measure import queuefeed
+    d, p = _one_pair()
+    assert queuefeed.threshold(p, d) == 75_000 // 2
+    d, p = _one_pair(("adaptive.threshold_bytes", 75_000))
+    with pytest.raises(ScenarioError) as exc:
+        kinds.get("ecmp").plan(d, p, random.Random(1))
+    assert exc.value.field == "adaptive.threshold_bytes" and "queue size" in str(exc.value)

@@ -11,7 +11,8 @@ from controllers import policies
 from controllers.policies import FlowKey, HashPolicy
 from controllers.policies.base import GRANULARITIES, seeded_crc
 
-NAMES = ["flowlet", "hash-l3", "hash5", "hash5-tier", "job-aware", "least-loaded", "ovs-select"]
+NAMES = ["adaptive", "flowlet", "hash-l3", "hash5", "hash5-tier", "job-aware", "least-loaded",
+         "ovs-select"]
 
 
 def random_flows(n: int, seed: int = 7, proto: int = 6) -> list[FlowKey]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from lab.measure import queuefeed
 from lab.model.errors import ScenarioError
 from lab.model.flows import BASE_DPORT, MPTCP_MAX_SUBFLOWS, FlowSpec, pick_source_ports
 from lab.model.scenario import Param, require
@@ -20,6 +21,8 @@ SCHEMA: dict[str, Param] = {
     "traffic.load": Param(float, 0.01, 2.0),
     "traffic.pairs": Param(int, 0, 4096),
     "traffic.cc": Param(str, choices=("cubic", "reno", "bbr")),
+    # the adaptive policy's congested queue (lab.measure.queuefeed; default half the queue)
+    queuefeed.KEY: Param(int, 1),
     "faults": Param(list),    # lab.workloads.faults: links down, a switch dark, controller kill
 }
 
@@ -55,6 +58,7 @@ def flows(topo_desc: dict, params: dict[str, Any], rng: random.Random) -> list[F
     require(params, REQUIRED, "ecmp")
     check_fabric(topo_desc, "ecmp", min_edges=2)     # flows cross from one leaf to another
     faults.parse(params.get("faults"), topo_desc, float(params.get("duration", 600)))
+    queuefeed.threshold(params, topo_desc)
     t = params["traffic"]
     edges = edge_switches(topo_desc)
     src_sw, dst_sw = edges[0], edges[-1]

@@ -10,7 +10,7 @@ from lab.analysis import diagnose
 from lab.kinds.base import Plan, Progress, bring_up
 from lab.kinds.ecmp import metrics
 from lab.machine.progress import Ticker
-from lab.measure import headroom, reorder, telemetry
+from lab.measure import headroom, queuefeed, reorder, telemetry
 from lab.measure.result import flow_entries
 from lab.measure.window import Window
 from lab.model.flows import FlowSpec
@@ -46,8 +46,9 @@ def traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
     runner = FlowRunner(fabric, plan.flows, fabric.run_dir, fabric.record,
                         interval_s=faults.INTERVAL_S if planned_faults else None)
     ports = telemetry.fabric_ports(plan.topo_desc)
+    feed = queuefeed.feed_for(plan.policy, fabric.controller, plan.params, plan.topo_desc)
     sampler = telemetry.Sampler(ports, hz=telemetry.SAMPLE_HZ, controller=fabric.controller,
-                                classes=fabric.cpu)
+                                classes=fabric.cpu, on_queues=feed)
     bridges = [s["name"] for s in plan.topo_desc["switches"]]
     window = Window(sampler, ports, bridges)
     senders, receivers = reorder.tcp_ends(plan.flows)
@@ -98,6 +99,11 @@ def traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
         # load-aware policy (0 for the others).
         "controller": {k: status.get(k) for k in ("decisions", "port_samples")},
     }
+    if feed is not None:
+        # Flows moved off a hot queue: when (on the sampler's clock), where, which.
+        result["controller"]["adaptive"] = {**feed.report(), "moves": [
+            {**m, "t": round(float(m["t"]) - sampler.t0 - window.t_start, 3)}
+            for m in status.get("moves", [])]}
     if planned_faults:
         result["faults"] = faults.report(planned_faults, injector, status, plan.flows,
                                          runner.dir, duration)
@@ -161,8 +167,13 @@ def fidelity(plan: Plan, result: dict[str, Any], judged: dict[str, Any],
         notes.append(f"flows whose reverse (ACK) counters show two paths: "
                      f"{', '.join(split_acks)}")
     # With links failing, bytes sent into a dead link are lost by design and a flow's
-    # counters can show two paths: the path-based loss check has nothing sound to say.
-    unexplained = {} if planned_faults else diagnose.unexplained_loss(
+    # counters can show two paths, as a moved flow's do: the path-based loss check has
+    # nothing sound to say then.
+    moved = result["controller"].get("adaptive", {}).get("moves")
+    if moved:
+        notes.append(f"{len(moved)} flow moves by the policy (a moved flow's counters show "
+                     "two paths)")
+    unexplained = {} if planned_faults or moved else diagnose.unexplained_loss(
         {"topology": plan.topo_desc, **result})
     if unexplained:
         notes.append("bytes lost inside the switches' datapath, not in a configured queue: "
