@@ -25,6 +25,7 @@ from lab.agents.ddprank import BLOCKS, SPLIT_BYTES, WIDTH
 from lab.kinds.base import Plan
 from lab.kinds.collective import beside, roce
 from lab.machine import environment
+from lab.measure import queuefeed
 from lab.model.errors import MachineError, ScenarioError
 from lab.model.flows import FlowSpec
 from lab.model.lossless import check_netem
@@ -51,6 +52,8 @@ PROGRAMS = ("allreduce", "ddp")
 RECEIVER_CC = ("dctcp",)
 
 SCHEMA: dict[str, Param] = {
+    # the adaptive policy's congested queue (lab.measure.queuefeed; default half the queue)
+    queuefeed.KEY: Param(int, 1),
     "job.pattern": Param(str, choices=("ring", "incast")),
     "job.library": Param(str, choices=LIBRARIES),
     "job.program": Param(str, choices=PROGRAMS),
@@ -525,6 +528,7 @@ def flows(topo_desc: dict[str, Any], params: dict[str, Any],
           rng: random.Random) -> list[FlowSpec]:
     """Checks every phase; the connections themselves are planned per phase when it runs."""
     check(params, topo_desc)
+    queuefeed.threshold(params, topo_desc)
     return []
 
 

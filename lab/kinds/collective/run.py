@@ -30,7 +30,7 @@ from lab.kinds.collective.readout import Drive, JobReadout
 from lab.kinds.collective.rocejob import RoceJob
 from lab.kinds.collective.setup import JobSetup, Phase
 from lab.machine import programs, remote
-from lab.measure import ecnwire, telemetry
+from lab.measure import ecnwire, queuefeed, telemetry
 from lab.measure.window import Window
 from lab.model.errors import MachineError
 from lab.model.flowpaths import attachment
@@ -67,7 +67,12 @@ def on_fabric(plan_: Plan, fabric: Fabric, progress: Progress,
         phases[name] = job.run_phase(name, pp)
         fabric.timings[f"phase_{name}_s"] = time.monotonic() - t0
         progress(f"[{name}] " + jm.phase_line(phases[name]["metrics"]))
-    return jm.assemble(plan_, phases, loss, skipped)
+    result = jm.assemble(plan_, phases, loss, skipped)
+    if job.feed is not None and fabric.controller is not None:
+        # Flows a queue-reading policy moved, over the whole run (monotonic clock).
+        moves = fabric.controller.request({"cmd": "status"}).get("moves", [])
+        result["controller"] = {"adaptive": {**job.feed.report(), "moves": moves}}
+    return result
 
 
 def keep_logs(work: Path, out_dir: Path) -> None:
@@ -113,6 +118,9 @@ class JobRun(JobSetup, JobPrograms, JobReadout, RoceJob):
         self.macs = {h["name"]: h["mac"] for h in self.topo["hosts"]}
         self.leaf_of = attachment(self.topo)
         self.ports = telemetry.fabric_ports(self.topo)
+        #: The queue samples a queue-reading policy (adaptive) is handed, every phase's.
+        self.feed = queuefeed.feed_for(plan_.policy, fabric.controller, plan_.params,
+                                       self.topo)
         self.bw = {}
         for ln in [*self.topo["links"], *(self.topo.get("mgmt") or {}).get("links", [])]:
             self.bw[(ln["a"], ln["b"])] = self.bw[(ln["b"], ln["a"])] = ln["bw_mbps"] * 1e6
@@ -160,7 +168,8 @@ class JobRun(JobSetup, JobPrograms, JobReadout, RoceJob):
         bridges = [s["name"] for s in self.topo["switches"]]
         ports = self.phase_ports(pp)
         sampler = telemetry.Sampler(ports, hz=float(pp["sample_hz"]),
-                                    controller=self.fabric.controller, classes=self.fabric.cpu)
+                                    controller=self.fabric.controller, classes=self.fabric.cpu,
+                                    on_queues=self.feed)
         d = Drive(Window(sampler, ports, bridges, name=name))
         watched_hosts = sorted({*ph.hosts, *pp["storage"]["hosts"]})
         procs: list[subprocess.Popen] = []

@@ -95,15 +95,8 @@ def traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
         "duration_s": round(window.measured_s, 3),
         "links": window.links(),
         "flows": flow_entries(plan.flows + subflows, window.flow_deltas(), plan.topo_desc),
-        # What the controller did: per-flow decisions taken, port-load samples fed to a
-        # load-aware policy (0 for the others).
-        "controller": {k: status.get(k) for k in ("decisions", "port_samples")},
+        "controller": _controller(status, feed, sampler.t0 + window.t_start),
     }
-    if feed is not None:
-        # Flows moved off a hot queue: when (on the sampler's clock), where, which.
-        result["controller"]["adaptive"] = {**feed.report(), "moves": [
-            {**m, "t": round(float(m["t"]) - sampler.t0 - window.t_start, 3)}
-            for m in status.get("moves", [])]}
     if planned_faults:
         result["faults"] = faults.report(planned_faults, injector, status, plan.flows,
                                          runner.dir, duration)
@@ -117,6 +110,18 @@ def traffic(plan: Plan, fabric: Fabric, progress: Progress) -> dict[str, Any]:
     result["fidelity"] = fidelity(plan, result, window.judge(t_fid, window.t_end),
                                   planned_faults)
     return result
+
+
+def _controller(status: dict[str, Any], feed: queuefeed.QueueFeed | None,
+                t_window: float) -> dict[str, Any]:
+    """What the controller did: per-flow decisions taken, port-load samples fed to a
+    load-aware policy (0 for the others), and the flows a queue-reading policy moved: when
+    (seconds into the window), where, which."""
+    out = {k: status.get(k) for k in ("decisions", "port_samples")}
+    if feed is not None:
+        out["adaptive"] = {**feed.report(), "moves": [
+            {**m, "t": round(float(m["t"]) - t_window, 3)} for m in status.get("moves", [])]}
+    return out
 
 
 def _start_mptcp(plan: Plan, fabric: Fabric, runner: FlowRunner,
