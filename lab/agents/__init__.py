@@ -11,7 +11,7 @@ import sys
 
 #: The agents, by module name.
 AGENTS = ("worker", "streamer", "rtmpview", "hlsview", "hlsjsview", "storage", "microburst",
-          "probe")
+          "probe", "udpwarm")
 
 
 def command(name: str, *args: str) -> list[str]:

@@ -76,11 +76,13 @@ def flow_entries(flows: list[FlowSpec], counters: dict[str, dict[int, tuple[int,
             "retransmits": r.get("retransmits", 0),
             "sent_bytes": r.get("sent_bytes", 0),
             "received_bytes": r.get("received_bytes", 0),
+            **({"receiver_cpu_pct": r["receiver_cpu_pct"]} if "receiver_cpu_pct" in r else {}),
             "cc": f.cc if f.proto == "tcp" else None,
             "error": r.get("error"),
-            # An MPTCP connection's entry (its first subflow) says how many it has; each
-            # joined subflow's entry names its connection, whose goodput it is part of.
+            # An MPTCP connection's entry (its first subflow) says how many it has; a
+            # subflow's entry (an MPTCP subflow, a sprayed QP's other source ports) names
+            # its flow, whose goodput it is part of.
             **({"transport": "mptcp", "subflows": f.subflows} if f.subflows > 1 else {}),
-            **({"transport": "mptcp", "subflow_of": f.subflow_of} if f.subflow_of else {}),
+            **({"subflow_of": f.subflow_of} if f.subflow_of else {}),
         })
     return entries

@@ -10,12 +10,14 @@ flow groups, and the collective kind's incast beside a ring. One flow is one QP,
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from controllers.classes import ROCE_DSCP
+from lab import agents
 from lab.machine import programs
 from lab.model.errors import MachineError
 from lab.model.flows import FlowSpec
@@ -28,14 +30,18 @@ BIND_TIMEOUT_S = 10.0
 
 
 def start_servers(fabric: Fabric, binary: Path, rates_mbps: dict[str, float],
-                  work: Path, placement: str = "gbn") -> list[subprocess.Popen]:
+                  work: Path, placement: str = "gbn",
+                  reorder_pkts: int | None = None) -> list[subprocess.Popen]:
     """One ``roce_bw --server`` per receiver (``rates_mbps``: receiver -> its link's rate,
     which sets its CNP interval; ``placement``: RC's go-back-N receiver or out-of-order
-    placement), each bound to UDP 4791 before this returns."""
+    placement, which NAKs a gap only ``reorder_pkts`` packets past it), each bound to UDP
+    4791 before this returns."""
     procs = []
     for rx in sorted(rates_mbps):
         argv = [str(binary), "--server", "--rate-mbps", f"{rates_mbps[rx]:g}",
                 "--placement", placement, "--out", str(work / f"server-{rx}.json")]
+        if reorder_pkts is not None:
+            argv += ["--reorder-pkts", str(reorder_pkts)]
         procs.append(programs.spawn(fabric, rx, argv, work / f"server-{rx}.log",
                                     f"roce_bw server in {rx}", "traffic"))
     deadline = time.monotonic() + BIND_TIMEOUT_S
@@ -47,6 +53,17 @@ def start_servers(fabric: Fabric, binary: Path, rates_mbps: dict[str, float],
                                    f"{log.strip()[-300:]}")
             time.sleep(0.05)
     return procs
+
+
+def warm(fabric: Fabric, flow: FlowSpec, spray: int) -> None:
+    """A sprayed QP's 5-tuples through the switches once, before its receiver listens
+    (``lab.agents.udpwarm``): a new 5-tuple's trip through Open vSwitch's slow path is the
+    emulator's cost, which a sprayer pays hundreds of times in its first millisecond."""
+    argv = agents.command("udpwarm", "--src", flow.src_ip, "--dst", flow.dst_ip,
+                          "--dport", str(flow.dport), "--sports", f"{flow.sport}:{spray}")
+    out = str(fabric.host(flow.src).cmd(shlex.join(argv))).strip()
+    if out != str(spray):
+        raise MachineError("udpwarm", f"{flow.id}: {out[-300:]}")
 
 
 def client_argv(binary: Path, flow: FlowSpec, roce: dict[str, Any], duration_s: float,

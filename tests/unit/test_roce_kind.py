@@ -36,6 +36,9 @@ from lab.model.flows import ROCE_UDP_PORT
     (["roce.spray=0"], "roce.spray"),
     (["roce.spray=257"], "roce.spray"),                        # more than a port block
     (["roce.placement=sack"], "roce.placement"),
+    (["roce.reorder_pkts=4096"], "roce.reorder_pkts"),           # beyond the ooo window
+    (["flows=[{group: a, from: [h5], to: h1, load: 1.5}]"], "flows[0].load"),
+    (["flows=[{group: a, from: [h5], to: h1, load: 0}]"], "flows[0].load"),
     # 20 hosts a leaf: more feeders of a port than pfcd's table holds
     (["topology.hosts_per_leaf=20", "classes.lossless_bytes=400000"],
      "phases.pfc.pfc.enabled"),
@@ -77,6 +80,19 @@ def test_a_sprayed_qp_gets_a_port_block_of_its_own_and_a_subflow_per_port() -> N
     assert len(blocks) == 4
     others = [f.flow.sport for f in given.flows if f.spray == 1]
     assert not any(b <= p < b + 256 for b in blocks for p in others)
+
+
+def test_a_groups_load_is_a_share_of_each_senders_link_and_subflows_offer_nothing() -> None:
+    """multipath: 4 QPs at 0.8 of 50 Mbit/s (times the scenario's rate_scale); a sprayed
+    QP's other ports are its subflows, whose rate is the QP's (a prediction splits it)."""
+    given = run.check_input("multipath", None, [], None, None)
+    scale = float(given.params["rate_scale"])
+    hashed = [f for f in given.flows if f.phase == "hashed"]
+    assert [f.flow.rate_bps for f in hashed] == [pytest.approx(0.8 * 50e6 * scale)] * 4
+    sprayed = [f for f in given.flows if f.phase == "sprayed-ooo"]
+    assert all(len(f.subflows) == 255 for f in sprayed)
+    assert all(s.subflow_of == f.flow.id and s.rate_bps == 0.0
+               for f in sprayed for s in f.subflows)
 
 
 def test_every_switch_port_is_fed_by_the_links_whose_traffic_can_leave_by_it() -> None:

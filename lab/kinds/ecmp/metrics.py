@@ -5,10 +5,12 @@ beside the balls-into-bins expectation and the policy's own prediction, the line
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 from lab.analysis import bins as m
 from lab.analysis import predict
+from lab.analysis import uplinks as up
 from lab.model.topodesc import edge_switches
 
 #: Upward hops, tier by tier: where a hash chooses among equal-cost links.
@@ -48,9 +50,7 @@ def analyse(result: dict[str, Any],
     retransmits: a policy that spreads a flow's packets pays in reordering, not only in loss."""
     topo = result["topology"]
     src_sw = edge_switches(topo)[0]
-    hosts = {h["name"] for h in topo["hosts"]}
-    uplinks = {f"{src_sw}->{ln['peer']}": ln for ln in result["links"]
-               if ln["node"] == src_sw and ln["peer"] not in hosts}
+    uplinks = up.of(result["links"], topo, src_sw)
     flows_per_uplink = {name: 0 for name in uplinks}
     for flow in result["flows"]:
         if len(flow["path"]) >= 2 and flow["path"][0] == src_sw:
@@ -60,12 +60,10 @@ def analyse(result: dict[str, Any],
     n, s = len(result["flows"]), len(uplinks)
     offered = sum(f["offered_bps"] for f in result["flows"])
     goodput = sum(f["goodput_bps"] for f in result["flows"])
-    util = {name: ln["util_mean"] for name, ln in uplinks.items()}
     predicted = predict.uplink_prediction(result, src_sw)
     return {
-        "uplinks": util,
+        **up.split(result["links"], topo, src_sw),
         "uplink_drops": {name: ln["drops"] for name, ln in uplinks.items()},
-        "imbalance": round(m.imbalance([ln["tx_bytes"] for ln in uplinks.values()]), 4),
         "flows_per_uplink": flows_per_uplink,
         "max_flows_per_uplink": max(flows_per_uplink.values(), default=0),
         "expected_max_flows_per_uplink": round(m.expected_max_load(n, s), 4) if s else 0,
@@ -75,6 +73,11 @@ def analyse(result: dict[str, Any],
         "aggregate_goodput_bps": goodput,
         "goodput_shortfall": round(1 - goodput / offered, 4) if offered else 0.0,
         "retransmits": sum(f["retransmits"] for f in result["flows"]),
+        "max_uplink_util": max((ln["util_mean"] for ln in uplinks.values()), default=0.0),
+        # per connection (a subflow's entry has none of its own)
+        "receiver_cpu_pct": round(statistics.fmean(cpu), 2) if (cpu := [
+            f["receiver_cpu_pct"] for f in result["flows"] if "receiver_cpu_pct" in f])
+        else 0.0,
         **({"tcp_reorder": reordering} if reordering is not None else {}),
         # The same policy, offline, on the same 5-tuples (lab.analysis.predict): what the run should
         # show if the fabric did exactly what the policy function says.
@@ -136,7 +139,22 @@ def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
     mt = result["metrics"]
     n_uplinks = max(len(mt["flows_per_uplink"]), 1)
     fair = math.ceil(len(result["flows"]) / n_uplinks)
+    reorder = [r["sum"] for r in mt.get("tcp_reorder", {}).values()]
     return {"imbalance": mt["imbalance"],
             "collisions": float(max(0, mt["max_flows_per_uplink"] - fair)),
             "drops": float(sum(mt["uplink_drops"].values())),
-            "goodput_shortfall": mt["goodput_shortfall"]}
+            "goodput_shortfall": mt["goodput_shortfall"],
+            "max_uplink_util": float(mt.get("max_uplink_util", 0.0)),
+            "retransmits": float(mt["retransmits"]),
+            "reordering": float(sum(s[k] for s in reorder for k in REORDER_KEYS)),
+            "receiver_cpu_pct": float(mt.get("receiver_cpu_pct", 0.0))}
+
+
+#: TCP's counts of reordering it detected (by SACK, timestamps, duplicate ACKs).
+REORDER_KEYS = ("TCPSACKReorder", "TCPTSReorder", "TCPRenoReorder")
+
+
+def predictions(result: dict[str, Any]) -> dict[str, float]:
+    """The policy's own prediction beside what regress measured: the uplinks' imbalance."""
+    pred = result["metrics"].get("predicted")
+    return {"imbalance": float(pred["imbalance"])} if pred else {}

@@ -51,11 +51,15 @@ SCHEMA: dict[str, Param] = {
     "roce.spray": Param(int, 1, SPRAY_BLOCK),
     # the receivers: RC's go-back-N (gbn) or out-of-order placement (ooo)
     "roce.placement": Param(str, choices=("gbn", "ooo")),
+    # an ooo receiver NAKs a gap once this many packets arrived past it (a deeper
+    # reordering than the paths' queues can make is a loss)
+    "roce.reorder_pkts": Param(int, 1, 4095),
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     **lossless.DEFAULTS,
-    "roce": {**lossless.DEFAULTS["roce"], "spray": 1, "placement": "gbn"},
+    "roce": {**lossless.DEFAULTS["roce"], "spray": 1, "placement": "gbn",
+             "reorder_pkts": 64},
     "ecn": {"marking": "off", "kmin_bytes": 5_000, "kmax_bytes": 20_000, "pmax": 0.2},
 }
 
@@ -105,13 +109,14 @@ def flows(topo_desc: dict[str, Any], params: dict[str, Any],
             w = f"{f('flows')}[{i}]"
             group, senders, receiver, start = _flow_group(item, w, ips, pp)
             tcp = item.get("transport", "roce") == "tcp"
+            load = _load(item, w)
             for src in senders:
                 planned.append(RoceFlow(name, group, start, FlowSpec(
                     id=f"{group}-{src}", src=src, dst=receiver, src_ip=ips[src],
                     dst_ip=ips[receiver], proto="tcp" if tcp else "udp", sport=0,
-                    dport=0 if tcp else ROCE_UDP_PORT, rate_bps=host_bw[src] * 1e6, kind=group,
-                    cc="cubic" if tcp else pp["roce"]["cc"]), "tcp" if tcp else "roce",
-                    1 if tcp else pp["roce"]["spray"]))
+                    dport=0 if tcp else ROCE_UDP_PORT, rate_bps=load * host_bw[src] * 1e6,
+                    kind=group, cc="cubic" if tcp else pp["roce"]["cc"]),
+                    "tcp" if tcp else "roce", 1 if tcp else pp["roce"]["spray"]))
     if not planned:
         raise ScenarioError("flows", "no phase has a flow")
     base = params.get("baseline")
@@ -135,8 +140,22 @@ def _spray_ports(sprayed: list[RoceFlow], used: set[int], rng: random.Random) ->
             if not any(b <= p < b + SPRAY_BLOCK for p in used)]
     for f, base in zip(sprayed, rng.sample(free, len(sprayed)), strict=True):
         f.flow.sport = base
-        f.subflows = [replace(f.flow, id=f"{f.flow.id}~{e}", sport=base + e, result={})
+        f.subflows = [replace(f.flow, id=f"{f.flow.id}~{e}", sport=base + e, result={},
+                              rate_bps=0.0, subflow_of=f.flow.id)
                       for e in range(1, f.spray)]
+
+
+#: A ``flows`` entry's keys: each sender's one QP (one RoCE endpoint per host: UDP 4791)
+#: at ``load`` times its link rate (default 1; a share, so a rate-scaled profile keeps it).
+GROUP_KEYS = ("group", "from", "to", "start_s", "transport", "load")
+
+
+def _load(item: dict[str, Any], w: str) -> float:
+    r = item.get("load", 1.0)
+    if isinstance(r, bool) or not isinstance(r, int | float) or not 0 < r <= 1:
+        raise ScenarioError(f"{w}.load", f"expected a share of the sender's link rate, "
+                            f"more than 0 and at most 1, got {r!r}")
+    return float(r)
 
 
 def _flow_group(item: Any, w: str, ips: dict[str, str],
@@ -145,10 +164,10 @@ def _flow_group(item: Any, w: str, ips: dict[str, str],
     if not isinstance(item, dict):
         raise ScenarioError(w, "expected {group, from: [hosts], to: host, start_s, "
                             "transport}")
-    unknown = set(item) - {"group", "from", "to", "start_s", "transport"}
+    unknown = set(item) - set(GROUP_KEYS)
     if unknown:
-        raise ScenarioError(f"{w}.{sorted(unknown)[0]}", "unknown key (known: group, from, "
-                            "to, start_s, transport)")
+        raise ScenarioError(f"{w}.{sorted(unknown)[0]}", "unknown key (known: "
+                            f"{', '.join(GROUP_KEYS)})")
     transport = item.get("transport", "roce")
     if transport not in TRANSPORTS:
         raise ScenarioError(f"{w}.transport", f"{transport!r} is not one of "

@@ -142,7 +142,8 @@ class RoceRun:
                    "flows": fentries, "classes": d["leaves"], "pfc": d["pfc"],
                    "pfc_feeders": self.lossless.feeders(pp),
                    "marking": marking, "transport": outputs}
-        pm = metrics.phase_metrics(pp, flows, details, self.topo)
+        pm = metrics.phase_metrics(pp, flows, details, self.topo, self.plan.policy,
+                                   int(self.plan.params["seed"]))
         # A QP that went to the error state (its retries exhausted) is what the network did
         # to it, counted in the metrics; a program without a result is a measurement lost.
         errors = [f"{i}: {o['error']}" for i, o in outputs.items() if o.get("missing")]
@@ -173,9 +174,13 @@ class RoceRun:
             leaves0 = class_counts.leaf_counters(ends)
             rates = {ln["a"]: ln["bw_mbps"] for ln in self.topo["links"]
                      if ln["a"] in self.hosts}
+            for f in roce:
+                if f.spray > 1:
+                    rocebw.warm(self.fabric, f.flow, f.spray)
             servers = rocebw.start_servers(self.fabric, self.binary,
                                            {f.flow.dst: rates[f.flow.dst] for f in roce}, work,
-                                           pp["roce"]["placement"])
+                                           pp["roce"]["placement"],
+                                           pp["roce"]["reorder_pkts"])
             tcp.start_servers()
             window.sampler.start()
             window.open()

@@ -1,0 +1,25 @@
+"""A switch's uplinks as the run's counters saw them: the links from it to other switches,
+where a hash, a sprayer or a moved flow decides the split. One definition for every kind
+that reports the split (ecmp's streams, roce's sprayed QPs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lab.analysis import bins
+
+
+def of(links: list[dict[str, Any]], topo: dict[str, Any],
+       switch: str) -> dict[str, dict[str, Any]]:
+    """{``switch->peer``: the link entry} for ``switch``'s links towards other switches."""
+    hosts = {h["name"] for h in topo["hosts"]}
+    return {f"{switch}->{ln['peer']}": ln for ln in links
+            if ln["node"] == switch and ln["peer"] not in hosts}
+
+
+def split(links: list[dict[str, Any]], topo: dict[str, Any],
+          switch: str) -> dict[str, Any]:
+    """Each uplink's mean utilisation and the imbalance (max/mean of their bytes)."""
+    up = of(links, topo, switch)
+    return {"uplinks": {name: ln["util_mean"] for name, ln in up.items()},
+            "imbalance": round(bins.imbalance([ln["tx_bytes"] for ln in up.values()]), 4)}
