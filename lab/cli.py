@@ -79,7 +79,7 @@ def _policies_wanted(args: argparse.Namespace) -> list[str]:
             from lab.model.errors import ScenarioError
             raise ScenarioError("policy-file", f"{spec!r} is not a .py file "
                                 "(give path/to/file.py or path/to/file.py:ClassName)")
-    return wanted or ["hash5"]
+    return wanted or ([] if getattr(args, "variant", None) else ["hash5"])
 
 
 def _cmd_regress(args: argparse.Namespace) -> int:
@@ -91,7 +91,7 @@ def _cmd_regress(args: argparse.Namespace) -> int:
         baseline=Path(args.baseline) if args.baseline else None,
         update_baseline=args.update_baseline,
         junit=Path(args.junit) if args.junit else None,
-        out=Path(args.out) if args.out else None)
+        out=Path(args.out) if args.out else None, variants=list(args.variant or []))
     return regress_session.execute(request)
 
 
@@ -436,6 +436,10 @@ def _regress_parser(sub: Subparsers) -> None:
     rg.add_argument("--policy", action="append", help="policy name (repeatable)")
     rg.add_argument("--policy-file", action="append", metavar="FILE[:CLASS]",
                     help="a policy class in a .py file (repeatable)")
+    rg.add_argument("--variant", action="append", metavar="LABEL=POLICY[,KEY=VALUE...]",
+                    help="a policy with --set values of its own, as one more column "
+                         "(repeatable), e.g. mptcp=hash5,traffic.proto=mptcp; with two or "
+                         "more columns a side-by-side table is printed")
     rg.add_argument("--scenarios", nargs="+", metavar="SCENARIO",
                     help="default: the baseline's, else " + ", ".join(
                         ("ecmp-basic", "ecmp-one-pair", "allreduce-ecmp")))

@@ -61,6 +61,11 @@ METRICS: dict[str, Metric] = {
     # a lossless class drops nothing: any drop is a regression
     "lossless_drops": Metric("packets the lossless (RoCE) class dropped", 0.0, 0.0),
     "pause_time_s": Metric("seconds ports spent paused by PFC, summed over ports", 0.5, 0.5),
+    "max_uplink_util": Metric("the busiest uplink's mean utilisation", 0.05, 0.05),
+    "retransmits": Metric("packets the senders sent again", 0.5, 100),
+    "reordering": Metric("reorderings the receivers saw (TCP: detected; RoCE: packets "
+                         "out of sequence or placed out of order)", 0.5, 100),
+    "receiver_cpu_pct": Metric("the receiving programs' own CPU, % of a core", 0.25, 5.0),
 }
 
 
@@ -105,6 +110,35 @@ class Stat:
                 "p95": round(self.p95, 6), "max": round(self.max, 6)}
 
 
+@dataclass(frozen=True)
+class Contender:
+    """What one column of a regression runs: a policy, and ``sets`` on top of the scenario's
+    (a transport, a spray width), under a ``label`` of its own (the policy's name if none)."""
+
+    label: str
+    policy: str
+    sets: tuple[str, ...] = ()
+
+    @property
+    def is_variant(self) -> bool:
+        """Named by the user (``--variant``), not simply a policy run as the scenario is."""
+        return bool(self.sets) or self.label != self.policy
+
+
+def parse_variant(text: str) -> Contender:
+    """``LABEL=POLICY[,KEY=VALUE...]``: e.g. ``mptcp=hash5,traffic.proto=mptcp``."""
+    label, sep, rest = text.partition("=")
+    parts = rest.split(",") if sep else []
+    if not label.strip() or not parts or not parts[0].strip() or "=" in parts[0]:
+        raise RegressError("variant", f"{text!r}: expected LABEL=POLICY[,KEY=VALUE...], "
+                           "e.g. mptcp=hash5,traffic.proto=mptcp")
+    sets = tuple(p.strip() for p in parts[1:])
+    bad = [p for p in sets if "=" not in p]
+    if bad:
+        raise RegressError("variant", f"{text!r}: {bad[0]!r} is not KEY=VALUE")
+    return Contender(label.strip(), parts[0].strip(), sets)
+
+
 @dataclass
 class ScenarioRun:
     """One policy on one scenario over its trials: each trial's directory and metrics."""
@@ -117,6 +151,13 @@ class ScenarioRun:
     dirs: list[Path] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)
     trial_metrics: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def predicted(self) -> dict[str, float]:
+        """The kind's predictions (``Kind.predictions``), averaged over the trials."""
+        per = [kinds.get(r["kind"]).predictions(r) for r in self.results]
+        keys = sorted({k for p in per for k in p})
+        return {k: statistics.fmean(p[k] for p in per if k in p) for k in keys}
 
     @property
     def stats(self) -> dict[str, Stat]:
@@ -133,14 +174,16 @@ Progress = Callable[[str], None]
 
 def run_trials(scenario_name: str, policy: str, seeds: Sequence[int], out_root: Path,
                sets: Sequence[str] = (), duration: float | None = None,
-               step: Progress | None = None, log: Progress | None = None) -> ScenarioRun:
-    """Run ``scenario_name`` once per seed under ``policy``; every result kept on disk."""
+               step: Progress | None = None, log: Progress | None = None,
+               label: str | None = None) -> ScenarioRun:
+    """Run ``scenario_name`` once per seed under ``policy``; every result kept on disk
+    (under ``label``, a variant's, else the policy's)."""
     from lab import run as runmod
     sr = ScenarioRun(scenario_name, policy, list(sets), duration, list(seeds))
     for seed in seeds:
         (plan,) = runmod.make_plans(scenario_name, policy=policy, sets=list(sets),
                                     duration=duration, seed=seed)
-        out_dir = out_root / plan.policy_label / scenario_name / f"seed-{seed}"
+        out_dir = out_root / (label or plan.policy_label) / scenario_name / f"seed-{seed}"
         result = runmod.execute(plan, out_dir, log or (lambda _msg: None))
         runmod.write_report_quietly(out_dir, log)
         sr.dirs.append(out_dir)
@@ -301,6 +344,51 @@ def render_stats(runs: Sequence[ScenarioRun]) -> str:
             lines.append(f"  note: CPU-bound (invalid fidelity) trials: seeds "
                          f"{r.invalid_trials}")
     return "\n".join(lines)
+
+
+#: The side-by-side table's columns, in this order, where a scenario has them.
+SIDE_COLUMNS = ("imbalance", "max_uplink_util", "step_p99_s", "gpu_idle_fraction",
+                "goodput_shortfall", "retransmits", "reordering", "receiver_cpu_pct",
+                "drops", "lossless_drops", "pause_time_s", "stalls")
+
+
+def side_by_side(runs: dict[str, list[ScenarioRun]]) -> dict[str, list[dict[str, Any]]]:
+    """Per scenario, one row per contender (and phase, for a phased kind): the mean of each
+    metric over the trials, and the policy's predicted imbalance beside the measured."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for label, scenario_runs in runs.items():
+        for r in scenario_runs:
+            stats, pred = r.stats, r.predicted
+            # ``phase.metric``; a phase's per-group metrics (``phase.group.metric``) stay
+            # in the trials' stats, the table has the phase's own
+            phases = sorted({k.split(".")[0] for k in stats if k.count(".") == 1}) or [""]
+            for ph in phases:
+                pre = f"{ph}." if ph else ""
+                row: dict[str, Any] = {"contender": label, "phase": ph}
+                for col in SIDE_COLUMNS:
+                    if pre + col in stats:
+                        row[col] = round(stats[pre + col].mean, 4)
+                if pre + "imbalance" in pred:
+                    row["predicted_imbalance"] = round(pred[pre + "imbalance"], 4)
+                out.setdefault(r.scenario, []).append(row)
+    return out
+
+
+def render_side_by_side(table: dict[str, list[dict[str, Any]]]) -> str:
+    """The side-by-side rows as text, one block per scenario."""
+    blocks = []
+    for scenario, rows in table.items():
+        cols = [c for c in ("phase", *SIDE_COLUMNS[:1], "predicted_imbalance",
+                            *SIDE_COLUMNS[1:]) if any(c in r and r[c] != "" for r in rows)]
+        head = ["contender", *cols]
+        body = [[str(r["contender"]), *("-" if c not in r else str(r[c]) if c == "phase"
+                                        else _fmt(float(r[c])) for c in cols)] for r in rows]
+        widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
+        lines = ["  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
+                 for line in (head, *body)]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        blocks.append(f"{scenario}\n" + "\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def write_junit(path: Path, suites: dict[str, list[Row]]) -> None:

@@ -33,13 +33,15 @@ class Request:
     update_baseline: bool = False
     junit: Path | None = None
     out: Path | None = None
+    #: ``LABEL=POLICY[,KEY=VALUE...]``: a policy with settings of its own, as one more column
+    variants: list[str] | None = None
 
 
 @dataclass
 class RegressPlan:
     """A request resolved against its baseline: every input checked, nothing started."""
 
-    policies: list[str]
+    contenders: list[regress.Contender]
     scenarios: list[str]
     seeds: list[int]
     per_scenario: dict[str, tuple[list[str], float | None]]    # --set values, duration
@@ -49,10 +51,17 @@ class RegressPlan:
 
 def resolve(req: Request) -> RegressPlan:
     """Fill the request's gaps from the baseline (scenarios, seeds, sets) and validate."""
+    contenders = [regress.Contender(p, p) for p in req.policies] + [
+        regress.parse_variant(v) for v in req.variants or []]
+    labels = [c.label for c in contenders]
+    if len(set(labels)) != len(labels):
+        raise regress.RegressError("variant", "two columns have one label: "
+                                   + ", ".join(sorted({x for x in labels
+                                                       if labels.count(x) > 1})))
     if req.update_baseline:
         if req.baseline is None:
             raise regress.RegressError("baseline", "--update-baseline needs --baseline FILE")
-        if len(req.policies) != 1:
+        if len(contenders) != 1 or req.variants:
             raise regress.RegressError("policy", "--update-baseline writes one policy's "
                                        "baseline; give exactly one --policy or --policy-file")
     baseline = (regress.load_baseline(req.baseline)
@@ -79,35 +88,38 @@ def resolve(req: Request) -> RegressPlan:
         per_scenario[name] = (sets, duration)
     state.require_root()
     for name, (sets, duration) in per_scenario.items():
-        regress.validate_inputs([name], req.policies, sets, duration)
+        for c in contenders:
+            regress.validate_inputs([name], [c.policy], [*sets, *c.sets], duration)
     out = req.out or Path("results") / f"regress-{time.strftime('%Y%m%d-%H%M%S')}"
-    return RegressPlan(req.policies, scenarios, seeds, per_scenario, baseline, out)
+    return RegressPlan(contenders, scenarios, seeds, per_scenario, baseline, out)
 
 
 def execute(req: Request, say: Callable[[str], None] = print) -> int:
     """Run the request; 1 if any policy regressed against the baseline, else 0."""
     plan = resolve(req)
     plan.out.mkdir(parents=True, exist_ok=True)
-    bar = Bar(len(plan.policies) * len(plan.scenarios) * len(plan.seeds), "regress")
-    all_runs: dict[str, list[regress.ScenarioRun]] = {}
+    bar = Bar(len(plan.contenders) * len(plan.scenarios) * len(plan.seeds), "regress")
+    all_runs: dict[regress.Contender, list[regress.ScenarioRun]] = {}
     with open(plan.out / "regress.log", "a") as log:
         def to_log(msg: str) -> None:
             log.write(msg + "\n")
             log.flush()
-        for policy in plan.policies:
+        for c in plan.contenders:
             for name in plan.scenarios:
                 sets, duration = plan.per_scenario[name]
-                bar.show(f"{policy} {name} ...")
-                all_runs.setdefault(policy, []).append(regress.run_trials(
-                    name, policy, plan.seeds, plan.out, sets, duration, step=bar.step,
-                    log=to_log))
+                bar.show(f"{c.label} {name} ...")
+                all_runs.setdefault(c, []).append(regress.run_trials(
+                    name, c.policy, plan.seeds, plan.out, [*sets, *c.sets], duration,
+                    step=bar.step, log=to_log, label=c.label if c.is_variant else None))
     bar.close()
     summary: dict[str, Any] = {"seeds": plan.seeds, "scenarios": plan.scenarios,
                                "policies": {}}
     suites: dict[str, list[regress.Row]] = {}
     failed = False
-    for runs in all_runs.values():
-        label = runs[0].results[0]["policy"]
+    labels = {}
+    for c, runs in all_runs.items():
+        label = c.label if c.is_variant else runs[0].results[0]["policy"]
+        labels[label] = runs
         say(f"\n== {label}: {len(plan.scenarios)} scenarios x {len(plan.seeds)} trials")
         say(regress.render_stats(runs))
         entry: dict[str, Any] = {"stats": {r.scenario: {k: s.as_dict() for k, s in
@@ -129,6 +141,11 @@ def execute(req: Request, say: Callable[[str], None] = print) -> int:
             data = regress.make_baseline(runs, env)
             req.baseline.write_text(json.dumps(data, indent=1) + "\n")
             say(f"baseline written: {req.baseline}")
+    table = regress.side_by_side(labels)
+    if len(labels) > 1 or any(r["phase"] for rows in table.values() for r in rows):
+        summary["side_by_side"] = table
+        say("\n== side by side (means over the trials)")
+        say(regress.render_side_by_side(table))
     (plan.out / "regress.json").write_text(json.dumps(summary, indent=1, default=str))
     if req.junit is not None:
         regress.write_junit(req.junit, suites)

@@ -46,6 +46,10 @@ ENVELOPE_KEYS = ("schema", "scenario", "kind", "policy", "policy_file", "seed", 
 Plots = Sequence[Spec | Skipped | None]
 
 
+def _no_predictions(_result: dict[str, Any]) -> dict[str, float]:
+    return {}
+
+
 def _no_topology_defaults(_params: dict[str, Any]) -> dict[str, Any]:
     return {}
 
@@ -127,6 +131,9 @@ class Kind:
         what the user should know before the start that does not stop the run (the run
         shows what happens), one line each, beginning ``warning:``; printed by ``run`` and
         ``--dry-run`` (default: none).
+    ``predictions(result)``
+        what the policy's function predicts for some of ``regress_metrics`` (same keys),
+        shown beside the measured values by ``fabriclab regress`` (default: none).
     ``cluster_refusal(plan)``
         why the plan cannot run split over several machines (``run --cluster``), as the
         field to blame and the reason, or None when it can; checked before anything starts
@@ -148,6 +155,7 @@ class Kind:
     section_plots: Callable[[Section, Path | None], Plots] = _no_section_plots
     warnings: Callable[[Plan], list[str]] = _no_warnings
     cluster_refusal: Callable[[Plan], tuple[str, str] | None] = _one_machine_only
+    predictions: Callable[[dict[str, Any]], dict[str, float]] = _no_predictions
 
 
 @dataclass

@@ -189,7 +189,11 @@ def parse_iperf(client_path: Path, server_path: Path, proto: str) -> dict[str, A
     client = _load_json(client_path)
     server = _load_json(server_path)
     end = client.get("end", {})
-    out: dict[str, Any] = {"error": client.get("error") or server.get("error")}
+    out: dict[str, Any] = {"error": client.get("error") or server.get("error"),
+                           # the receiving iperf3's own CPU (user + system, % of one core):
+                           # what a receiver pays per packet, more when GRO cannot merge
+                           "receiver_cpu_pct": float(end.get("cpu_utilization_percent", {})
+                                                     .get("remote_total", 0.0))}
     if proto == "tcp":
         sent = end.get("sum_sent", {})
         recv = end.get("sum_received", {})

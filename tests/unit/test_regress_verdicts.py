@@ -112,9 +112,15 @@ def test_extract_reads_each_kind() -> None:
     ecmp = {"kind": "ecmp", "flows": [{}] * 8,
             "metrics": {"imbalance": 1.5, "flows_per_uplink": {"a": 5, "b": 3},
                         "max_flows_per_uplink": 5, "uplink_drops": {"a": 7, "b": 1},
-                        "goodput_shortfall": 0.1}}
+                        "goodput_shortfall": 0.1, "retransmits": 12,
+                        "max_uplink_util": 0.93, "receiver_cpu_pct": 4.5,
+                        "tcp_reorder": {"traffic": {"sum": {
+                            "TCPSACKReorder": 3, "TCPTSReorder": 2, "TCPRenoReorder": 0,
+                            "TCPDSACKRecv": 9}}}}}
     assert regress.extract(ecmp) == {"imbalance": 1.5, "collisions": 1.0, "drops": 8.0,
-                                     "goodput_shortfall": 0.1}
+                                     "goodput_shortfall": 0.1, "max_uplink_util": 0.93,
+                                     "retransmits": 12.0, "reordering": 5.0,
+                                     "receiver_cpu_pct": 4.5}
     coll = {"kind": "collective", "metrics": {"phases": {
         "hashed": {"paths": "hash", "step_p99_s": 1.2, "gpu_idle_fraction": 0.7, "drops": 5},
         "placed": {"paths": "balanced", "step_p99_s": 0.5, "gpu_idle_fraction": 0.5,
@@ -167,3 +173,38 @@ def test_ticker_is_silent_off_a_terminal_and_draws_on_one() -> None:
     assert set(frames[3:-1]) <= {frames[2]}                      # and no further
     assert frames[-1] == ""                                      # then cleared its line
     assert Ticker(10, "t", stream=out, width=10).line(5.0) == "t [#####.....] 5/10 s"
+
+
+# -- variants and the side-by-side table -------------------------------------------------------
+
+def test_a_variant_is_a_label_a_policy_and_its_sets() -> None:
+    c = regress.parse_variant("mptcp=hash5,traffic.proto=mptcp, traffic.subflows=8")
+    assert c == regress.Contender("mptcp", "hash5", ("traffic.proto=mptcp",
+                                                     "traffic.subflows=8"))
+    assert c.is_variant and not regress.Contender("hash5", "hash5").is_variant
+
+
+@pytest.mark.parametrize("text", ["hash5", "=hash5", "x=", "x=traffic.proto=mptcp",
+                                  "x=hash5,subflows"])
+def test_a_malformed_variant_names_the_option(text: str) -> None:
+    with pytest.raises(regress.RegressError) as exc:
+        regress.parse_variant(text)
+    assert exc.value.field == "variant"
+
+
+def test_side_by_side_puts_each_contender_and_phase_on_a_row() -> None:
+    flat = run_with({"imbalance": [1.4, 1.2], "retransmits": [10.0, 30.0]})
+    flat.results = [{**r, "kind": "ecmp", "metrics": {"predicted": {"imbalance": 1.5}}}
+                    for r in flat.results]
+    phased = run_with({"hashed.imbalance": [2.0], "sprayed.imbalance": [1.03],
+                       "sprayed.reordering": [500.0]}, scenario="multipath")
+    phased.results = [{**r, "kind": "roce", "metrics": {"phases": {
+        "hashed": {"split": {"predicted_imbalance": 1.5}}, "sprayed": {}}}}
+        for r in phased.results]
+    table = regress.side_by_side({"hash5": [flat], "sprayed": [phased]})
+    assert table["ecmp-basic"] == [{"contender": "hash5", "phase": "", "imbalance": 1.3,
+                                    "retransmits": 20.0, "predicted_imbalance": 1.5}]
+    assert [(r["phase"], r.get("predicted_imbalance")) for r in table["multipath"]] == \
+        [("hashed", 1.5), ("sprayed", None)]
+    text = regress.render_side_by_side(table)
+    assert "predicted_imbalance" in text and "sprayed" in text and "500" in text

@@ -12,4 +12,4 @@ from lab.kinds.ecmp import metrics, plan, run
 
 KIND = Kind(name="ecmp", schema=plan.SCHEMA, plan=plan.flows, run=run.on_fabric,
             summary_rows=metrics.summary_rows, regress_metrics=metrics.regress_metrics,
-            cluster_refusal=splits_anywhere)
+            cluster_refusal=splits_anywhere, predictions=metrics.predictions)

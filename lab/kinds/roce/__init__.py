@@ -15,4 +15,5 @@ from lab.kinds.roce import metrics, plan, plots, run
 KIND = Kind(name="roce", schema=plan.SCHEMA, plan=plan.flows, run=run.on_fabric,
             summary_rows=metrics.summary_rows, regress_metrics=metrics.regress_metrics,
             defaults=plan.DEFAULTS, prepare=run.prepare,
-            run_plots=plots.run_plots, section_plots=plots.section_plots)
+            run_plots=plots.run_plots, section_plots=plots.section_plots,
+            predictions=metrics.predictions)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab.analysis import pauses
+from lab.analysis import pauses, predict
+from lab.analysis import uplinks as up
 from lab.kinds.base import PhaseCounts, Plan, phased_part
 from lab.kinds.roce.plan import RoceFlow
+from lab.model.flowpaths import attachment
 
 #: Seconds after the last QP joined before rates are judged for fairness: DCQCN's rate
 #: recovery, scaled to the lab's link rates (docs/roce.md), takes seconds, not microseconds.
@@ -62,8 +64,27 @@ def fairness(pp: dict[str, Any], flows: list[RoceFlow],
             "receivers": receivers}
 
 
+def split(flows: list[RoceFlow], details: dict[str, Any], topo: dict[str, Any],
+          policy: str, seed: int) -> dict[str, Any] | None:
+    """The first sender's leaf uplinks: each one's utilisation and their imbalance, beside
+    what the policy's function predicts for the same 5-tuples (a sprayed QP's rate split
+    evenly over its source ports, which is what round-robin spraying sends on each)."""
+    roce = [f for f in flows if f.transport == "roce"]
+    if not roce:
+        return None
+    att = attachment(topo)
+    leaf = att[roce[0].flow.src]
+    mine = [e for e in details["flows"] if att.get(e["src"]) == leaf != att.get(e["dst"])]
+    if not up.of(details["links"], topo, leaf) or not mine:
+        return None
+    pred = predict.uplink_prediction({"policy": policy, "seed": seed, "topology": topo,
+                                      "links": details["links"], "flows": mine}, leaf)
+    return {"switch": leaf, **up.split(details["links"], topo, leaf),
+            "predicted_imbalance": pred["imbalance"]}
+
+
 def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, Any],
-                  topo: dict[str, Any]) -> dict[str, Any]:
+                  topo: dict[str, Any], policy: str = "hash5", seed: int = 1) -> dict[str, Any]:
     """One phase's numbers: goodput and transport counters per group, drops per class,
     PFC's pauses and their tree, CE marks, and the settings that made them."""
     outputs = details["transport"]
@@ -105,6 +126,7 @@ def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, 
         "ce_marked": sum(ln.get("ce_marked", 0) for ln in details["links"]),
         "pfcd_cpu_per_s": (pfc.get("cpu") or {}).get("per_s"),
         "fairness": fairness(pp, flows, details),
+        "split": split(flows, details, topo, policy, seed),
     }
 
 
@@ -163,4 +185,24 @@ def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
             if share is None:
                 share = v["goodput_bps"] / v["offered_bps"] if v["offered_bps"] else 1.0
             out[f"{name}.{g}.goodput_shortfall"] = round(max(0.0, 1 - share), 4)
+        split = m.get("split")
+        if split:
+            out[f"{name}.imbalance"] = float(split["imbalance"])
+            out[f"{name}.max_uplink_util"] = max(split["uplinks"].values(), default=0.0)
+        gs = m["groups"].values()
+        offered = sum(g["offered_bps"] for g in gs)
+        if offered:
+            out[f"{name}.goodput_shortfall"] = round(
+                max(0.0, 1 - sum(g["goodput_bps"] for g in gs) / offered), 4)
+        out[f"{name}.retransmits"] = float(sum(g["retransmitted"] for g in gs))
+        # what the receivers saw out of order: discarded (go-back-N) or placed
+        out[f"{name}.reordering"] = float(sum(g["out_of_sequence"] + g["placed_out_of_order"]
+                                              for g in gs))
     return out
+
+
+def predictions(result: dict[str, Any]) -> dict[str, float]:
+    """Per phase, the policy's prediction of the senders' uplinks' imbalance (a sprayed QP
+    split evenly over its source ports), beside what regress measured."""
+    return {f"{name}.imbalance": float(m["split"]["predicted_imbalance"])
+            for name, m in result["metrics"]["phases"].items() if m.get("split")}
