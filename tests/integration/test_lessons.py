@@ -4,11 +4,11 @@ imports the lab's own answer. The checks are
 the exercises' own (lab/grade/exercises), the ones a student's `fabriclab grade` runs; this
 module asserts what they say, on real packets, and what the kept runs show besides.
 
-One batch of 19 files, shared by every test here: ten runs (two per policy exercise, one
+One batch of 21 files, shared by every test here: eleven runs (two per policy exercise, one
 reference run per counter analysis, the streaming one on real media, gpu-wait's eleven
-phases about 110 s, roce-allreduce's three about 30 s). 15 files and eight runs took 199 s
-on this 2-core machine (2026-12-06), 17 and nine 225 s (docs/testing.md); the batch of 19
-has not been timed yet.
+phases about 110 s, roce-allreduce's three about 30 s, multipath's three about 40 s). 15
+files and eight runs took 199 s on this 2-core machine (2026-12-06), 17 and nine 225 s
+(docs/testing.md); the batch of 21 has not been timed yet.
 """
 
 from __future__ import annotations

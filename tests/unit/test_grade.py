@@ -19,7 +19,8 @@ from lab.model import scenario
 def test_every_shipped_skeleton_and_solution_names_its_exercise() -> None:
     known = exercises.registry()
     assert set(known) == {"end-the-incident", "anti-polarisation", "congested-uplink",
-                          "outage", "hot-streams", "who-waited", "pause-root", "held-ring"}
+                          "outage", "hot-streams", "who-waited", "pause-root", "held-ring",
+                          "spray-split"}
     for ex in known.values():
         for path in (ex.skeleton, ex.solution):
             found, _ = exercises.find(path)
