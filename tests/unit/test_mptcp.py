@@ -101,6 +101,7 @@ def test_an_mptcp_scenario_plans_connections_of_its_subflows(monkeypatch):
     ([("traffic.proto", "mptcp"), ("traffic.subflows", 9)], "traffic.subflows",
      "path manager's limit of 8"),
     ([("traffic.subflows", 4)], "traffic.subflows", "only an mptcp flow"),
+    ([("traffic.spray", 8)], "traffic.spray", "cannot be sprayed"),
 ])
 def test_bad_subflows_are_refused_naming_the_key(monkeypatch, sets, field, words):
     monkeypatch.setattr(mptcp, "unavailable", lambda: None)
