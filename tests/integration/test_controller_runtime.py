@@ -295,10 +295,14 @@ def test_control_errors_and_unknown_switches(runtime: str, fabric: Fabric,
     assert ctl.request(b"[1]") == {"ok": False, "error": "bad request: expected a JSON object"}
     assert ctl.request({"cmd": "reboot"}) == {
         "ok": False,
-        "error": "unknown cmd 'reboot' (known: status, watch, pin, jobs, ecn, ecn_stats, pfc)"}
+        "error": "unknown cmd 'reboot' (known: status, watch, pin, jobs, queues, ecn, "
+                 "ecn_stats, pfc)"}
     # hash5 cannot be told which job a flow is: one line saying so, nothing changed
     jobs = ctl.request({"cmd": "jobs", "flows": []})
     assert jobs["ok"] is False and "not job-aware" in jobs["error"], jobs
+    # nor does it read queues
+    queues = ctl.request({"cmd": "queues", "ports": {}, "threshold_bytes": 1000})
+    assert queues["ok"] is False and "does not read queues" in queues["error"], queues
     bad = ctl.request({"cmd": "watch", "flows": [{"cookie": 1, "proto": 6, "src": "10.0.0.1",
                                                   "dst": "nowhere"}]})
     assert bad["ok"] is False and "flows[0].dst" in bad["error"]
