@@ -42,7 +42,9 @@ def test_baseline_file_holds_every_trial(baseline: tuple[Path, Path]) -> None:
     assert data["schema"] == "fabriclab-baseline/1" and data["policy"] == "hash5"
     assert data["seeds"] == [1, 2]
     metrics = data["scenarios"]["ecmp-one-pair"]["metrics"]
-    assert set(metrics) == {"imbalance", "collisions", "drops", "goodput_shortfall"}
+    assert set(metrics) == {"imbalance", "collisions", "drops", "goodput_shortfall",
+                            "max_uplink_util", "retransmits", "reordering",
+                            "receiver_cpu_pct"}
     runs = results_under(tmp / "base")
     assert len(runs) == 2
     assert metrics["imbalance"]["values"] == [r["metrics"]["imbalance"] for r in runs]
