@@ -325,6 +325,11 @@ def render_table(policy: str, base_policy: str, rows: Sequence[Row]) -> str:
              ("-" if math.isnan(r.now) else f"{r.delta:+.3f}"
               + (f" ({r.delta / r.base * 100:+.0f}%)" if r.base else "")),
              _fmt(r.limit), r.status) for r in rows]
+    return _grid(head, body)
+
+
+def _grid(head: Sequence[str], body: Sequence[Sequence[Any]]) -> str:
+    """Columns padded to their widest cell, a rule under the head: the tables' one layout."""
     widths = [max(len(str(c)) for c in col) for col in zip(head, *body, strict=True)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
              for line in (head, *body)]
@@ -383,11 +388,7 @@ def render_side_by_side(table: dict[str, list[dict[str, Any]]]) -> str:
         head = ["contender", *cols]
         body = [[str(r["contender"]), *("-" if c not in r else str(r[c]) if c == "phase"
                                         else _fmt(float(r[c])) for c in cols)] for r in rows]
-        widths = [max(len(x) for x in col) for col in zip(head, *body, strict=True)]
-        lines = ["  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
-                 for line in (head, *body)]
-        lines.insert(1, "  ".join("-" * w for w in widths))
-        blocks.append(f"{scenario}\n" + "\n".join(lines))
+        blocks.append(f"{scenario}\n" + _grid(head, body))
     return "\n\n".join(blocks)
 
 

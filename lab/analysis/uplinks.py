@@ -17,9 +17,9 @@ def of(links: list[dict[str, Any]], topo: dict[str, Any],
             if ln["node"] == switch and ln["peer"] not in hosts}
 
 
-def split(links: list[dict[str, Any]], topo: dict[str, Any],
-          switch: str) -> dict[str, Any]:
-    """Each uplink's mean utilisation and the imbalance (max/mean of their bytes)."""
-    up = of(links, topo, switch)
+def split(up: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Of uplinks (``of``'s): each one's mean utilisation, the busiest one's, and the
+    imbalance (max/mean of their bytes)."""
     return {"uplinks": {name: ln["util_mean"] for name, ln in up.items()},
+            "max_uplink_util": max((ln["util_mean"] for ln in up.values()), default=0.0),
             "imbalance": round(bins.imbalance([ln["tx_bytes"] for ln in up.values()]), 4)}

@@ -68,11 +68,14 @@ class QueueFeed:
             self.sent += 1
             self.moved += int(reply.get("moved", 0))
 
-    def report(self) -> dict[str, Any]:
+    def report(self, moves: list[dict[str, Any]], t_origin: float = 0.0) -> dict[str, Any]:
+        """What the feed sent, and the controller's ``moves`` (its status), their times
+        from ``t_origin`` on the monotonic clock (0: the clock's own)."""
         with self._lock:
             return {"threshold_bytes": self.threshold, "samples_sent": self.sent,
                     "samples_failed": self.failed, "moved": self.moved,
-                    **({"last_error": self.last_error} if self.failed else {})}
+                    **({"last_error": self.last_error} if self.failed else {}),
+                    "moves": [{**m, "t": round(float(m["t"]) - t_origin, 3)} for m in moves]}
 
 
 def feed_for(plan_policy: str, controller: Any, params: dict[str, Any],

@@ -71,7 +71,7 @@ def on_fabric(plan_: Plan, fabric: Fabric, progress: Progress,
     if job.feed is not None and fabric.controller is not None:
         # Flows a queue-reading policy moved, over the whole run (monotonic clock).
         moves = fabric.controller.request({"cmd": "status"}).get("moves", [])
-        result["controller"] = {"adaptive": {**job.feed.report(), "moves": moves}}
+        result["controller"] = {"adaptive": job.feed.report(moves)}
     return result
 
 

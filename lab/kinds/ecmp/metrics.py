@@ -62,7 +62,7 @@ def analyse(result: dict[str, Any],
     goodput = sum(f["goodput_bps"] for f in result["flows"])
     predicted = predict.uplink_prediction(result, src_sw)
     return {
-        **up.split(result["links"], topo, src_sw),
+        **up.split(uplinks),
         "uplink_drops": {name: ln["drops"] for name, ln in uplinks.items()},
         "flows_per_uplink": flows_per_uplink,
         "max_flows_per_uplink": max(flows_per_uplink.values(), default=0),
@@ -73,7 +73,6 @@ def analyse(result: dict[str, Any],
         "aggregate_goodput_bps": goodput,
         "goodput_shortfall": round(1 - goodput / offered, 4) if offered else 0.0,
         "retransmits": sum(f["retransmits"] for f in result["flows"]),
-        "max_uplink_util": max((ln["util_mean"] for ln in uplinks.values()), default=0.0),
         # per connection (a subflow's entry has none of its own)
         "receiver_cpu_pct": round(statistics.fmean(cpu), 2) if (cpu := [
             f["receiver_cpu_pct"] for f in result["flows"] if "receiver_cpu_pct" in f])

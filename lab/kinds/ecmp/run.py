@@ -119,8 +119,7 @@ def _controller(status: dict[str, Any], feed: queuefeed.QueueFeed | None,
     (seconds into the window), where, which."""
     out = {k: status.get(k) for k in ("decisions", "port_samples")}
     if feed is not None:
-        out["adaptive"] = {**feed.report(), "moves": [
-            {**m, "t": round(float(m["t"]) - t_window, 3)} for m in status.get("moves", [])]}
+        out["adaptive"] = feed.report(status.get("moves", []), t_window)
     return out
 
 

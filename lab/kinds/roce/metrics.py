@@ -75,12 +75,12 @@ def split(flows: list[RoceFlow], details: dict[str, Any], topo: dict[str, Any],
     att = attachment(topo)
     leaf = att[roce[0].flow.src]
     mine = [e for e in details["flows"] if att.get(e["src"]) == leaf != att.get(e["dst"])]
-    if not up.of(details["links"], topo, leaf) or not mine:
+    uplinks = up.of(details["links"], topo, leaf)
+    if not uplinks or not mine:
         return None
     pred = predict.uplink_prediction({"policy": policy, "seed": seed, "topology": topo,
                                       "links": details["links"], "flows": mine}, leaf)
-    return {"switch": leaf, **up.split(details["links"], topo, leaf),
-            "predicted_imbalance": pred["imbalance"]}
+    return {"switch": leaf, **up.split(uplinks), "predicted_imbalance": pred["imbalance"]}
 
 
 def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, Any],
@@ -188,7 +188,7 @@ def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
         split = m.get("split")
         if split:
             out[f"{name}.imbalance"] = float(split["imbalance"])
-            out[f"{name}.max_uplink_util"] = max(split["uplinks"].values(), default=0.0)
+            out[f"{name}.max_uplink_util"] = float(split["max_uplink_util"])
         gs = m["groups"].values()
         offered = sum(g["offered_bps"] for g in gs)
         if offered:
