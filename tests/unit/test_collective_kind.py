@@ -10,6 +10,7 @@ from lab import run
 from lab.kinds.collective import metrics as jm
 from lab.kinds.collective import plan as kind
 from lab.model.errors import ScenarioError
+from lab.model.flows import FlowSpec
 from lab.net.topologies import describe, make_topology
 
 LEAFSPINE = {"type": "leafspine", "spines": 4, "leaves": 2, "hosts_per_leaf": 4}
@@ -99,6 +100,19 @@ def test_balanced_pins_put_one_connection_per_uplink():
             per_uplink[(p["switch"], p["port"])] = per_uplink.get((p["switch"], p["port"]),
                                                                   0) + 1
         assert max(per_uplink.values()) == 1     # 4 connections per leaf on 4 spines
+    assert {p["proto"] for p in pins} == {6}
+
+
+def test_balanced_pins_match_a_roce_rings_udp():
+    """A pin names the connection's own protocol: a RoCE QP's UDP, or the switches never
+    match it and the policy's hash places it after all."""
+    t = topo()
+    ips = {h["name"]: h["ip"] for h in t["hosts"]}
+    leaf_of = {h: ("leaf1" if int(h[1:]) <= 4 else "leaf2") for h in ips}
+    qp = FlowSpec(id="r0e0", src="h1", dst="h5", src_ip=ips["h1"], dst_ip=ips["h5"],
+                  proto="udp", sport=30000, dport=4791, rate_bps=25e6, kind="allreduce")
+    pins = kind.balanced_pins([kind.Conn(qp, 0, 0, 0)], leaf_of, kind.uplink_ports(t))
+    assert [(p["proto"], p["dport"]) for p in pins] == [(17, 4791)]
 
 
 def test_ring_metrics_follow_nccl_tests():

@@ -27,7 +27,7 @@ from lab.kinds.collective import beside, roce
 from lab.machine import environment
 from lab.measure import queuefeed
 from lab.model.errors import MachineError, ScenarioError
-from lab.model.flows import FlowSpec
+from lab.model.flows import PROTO_NUM, FlowSpec
 from lab.model.lossless import check_netem
 from lab.model.scenario import Param, field_namer, phases_over, with_defaults
 from lab.model.topodesc import check_fabric, edge_switches, hosts_of
@@ -519,7 +519,8 @@ def balanced_pins(conns: list[Conn], leaf_of: dict[str, str],
             load_up[(a, spine)] = load_up.get((a, spine), 0) + 1
             load_down[(b, spine)] = load_down.get((b, spine), 0) + 1
             f = c.spec
-            pins.append({"switch": a, "port": up[(a, spine)], "proto": 6, "src": f.src_ip,
+            pins.append({"switch": a, "port": up[(a, spine)], "proto": PROTO_NUM[f.proto],
+                         "src": f.src_ip,
                          "dst": f.dst_ip, "sport": f.sport, "dport": f.dport})
     return pins
 
