@@ -389,14 +389,15 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """Per hashed phase (a placed phase's paths are the lab's, no policy's): step p99, GPU
-    idle share and drops; on a lossless fabric the lossless class's drops and pause time."""
+    """Per hashed phase (a placed phase's job paths are the lab's, no policy's): step p99,
+    GPU idle share and drops. On a lossless fabric, per phase, placed or not, the lossless
+    class's drops and pause time: the pauses come from all of a phase's traffic, and the
+    policy routes what the lab did not pin (another job's incast, every ACK)."""
     out = {}
     for name, mt in result["metrics"]["phases"].items():
-        if mt.get("paths") != "hash":
-            continue
+        hashed = mt.get("paths") == "hash"
         for key in ("step_p99_s", "gpu_idle_fraction", "drops", "lossless_drops",
                     "pause_time_s"):
-            if key in mt:               # the last two on a lossless fabric only
+            if key in mt and (hashed or key in ("lossless_drops", "pause_time_s")):
                 out[f"{name}.{key}"] = float(mt[key])
     return out
