@@ -10,12 +10,15 @@ threshold the roce kind refuses is refused the same way for a collective.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from controllers import pfc
 from controllers.classes import LOSSLESS_PRIORITY, TrafficClasses
 from lab.model.errors import ScenarioError
+from lab.model.flows import FIXED_SPORTS, FlowSpec
 from lab.model.scenario import Param
 
 #: RoCE MTUs (payload per packet) the transport takes, and the IP packet each makes: IPv4
@@ -28,6 +31,8 @@ LINK_MTU = 1500
 #: crossed just after a poll) and half of one more for the dump and the class change
 #: (measured p99 below 0.25 ms; controllers/pfc/README.md).
 REACTION_POLLS = 1.5
+#: A sprayed QP's source ports: a block of this many of its own, from a multiple of it.
+SPRAY_BLOCK = 256
 
 
 SCHEMA: dict[str, Param] = {
@@ -42,6 +47,14 @@ SCHEMA: dict[str, Param] = {
     "roce.size_bytes": Param(int, 256, 1 << 24),
     "roce.tx_depth": Param(int, 1, 256),
     "roce.rto_ms": Param(float, 0.1, 10_000),
+    # packet spraying: each QP's packets take SPRAY_BLOCK's first N UDP source ports in turn
+    # (roce_bw and roce_ring --spray), so the switches' hash spreads one QP over the paths
+    "roce.spray": Param(int, 1, SPRAY_BLOCK),
+    # the receivers: RC's go-back-N (gbn) or out-of-order placement (ooo)
+    "roce.placement": Param(str, choices=("gbn", "ooo")),
+    # an ooo receiver NAKs a gap once this many packets arrived past it (a deeper
+    # reordering than the paths' queues can make is a loss)
+    "roce.reorder_pkts": Param(int, 1, 4095),
     "pfc.enabled": Param(bool),
     # the 802.1p priority PFC acts on: it must be the lossless class's
     "pfc.priority": Param(int, 0, 7),
@@ -59,10 +72,30 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # perftest's defaults where it has them (64 KB messages, tx depth 16 is ours: 128 is
     # ib_write_bw's, 8 MB a QP, far beyond a 50 Mbit/s port's buffer)
     "roce": {"cc": "none", "mtu": 1024, "size_bytes": 65536, "tx_depth": 16,
-             "rto_ms": 64.0},
+             "rto_ms": 64.0, "spray": 1, "placement": "gbn", "reorder_pkts": 64},
     "pfc": {"enabled": False, "priority": LOSSLESS_PRIORITY, "xoff_bytes": 30_000,
             "xon_bytes": 15_000, "poll_us": 1000, "pause_pct": 5.0},
 }
+
+
+def spray_blocks(count: int, used: set[int], rng: random.Random) -> list[int]:
+    """``count`` first ports of SPRAY_BLOCK-port blocks of the fixed source ports, none of
+    whose ports is in ``used``, drawn from ``rng``: a sprayed QP's source ports, each QP's
+    its own, so no 5-tuple of one QP is another flow's."""
+    if not count:
+        return []
+    start = -(-FIXED_SPORTS.start // SPRAY_BLOCK) * SPRAY_BLOCK
+    free = [b for b in range(start, FIXED_SPORTS.stop - SPRAY_BLOCK + 1, SPRAY_BLOCK)
+            if not any(b <= p < b + SPRAY_BLOCK for p in used)]
+    return rng.sample(free, count)
+
+
+def spray_subflows(flow: FlowSpec, spray: int) -> list[FlowSpec]:
+    """A QP sprayed from ``flow.sport`` over ``spray`` ports: the 5-tuples after its own,
+    each watched on the switches as a flow of its own (``subflow_of`` the QP), with no rate
+    of its own: the QP's rate is the QP's."""
+    return [replace(flow, id=f"{flow.id}~{e}", sport=flow.sport + e, result={},
+                    rate_bps=0.0, subflow_of=flow.id) for e in range(1, spray)]
 
 
 def check_netem(topo_desc: dict[str, Any], what: str) -> None:

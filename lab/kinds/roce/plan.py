@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from controllers.marking import Marking
@@ -31,8 +31,6 @@ from lab.model.topodesc import check_fabric
 #: What a flow group runs: RoCE QPs (the lossless class), or TCP (iperf3, cubic) in the
 #: lossy class beside them - PFC pauses one priority, and the other keeps flowing.
 TRANSPORTS = ("roce", "tcp")
-#: A sprayed QP's source ports: a block of this many of its own, from a multiple of it.
-SPRAY_BLOCK = 256
 
 SCHEMA: dict[str, Param] = {
     **lossless.SCHEMA,
@@ -46,20 +44,10 @@ SCHEMA: dict[str, Param] = {
     "ecn.kmin_bytes": Param(int, -(1 << 31), 1 << 31),
     "ecn.kmax_bytes": Param(int, -(1 << 31), 1 << 31),
     "ecn.pmax": Param(float, -1, 2),
-    # packet spraying: each QP's packets take SPRAY_BLOCK's first N UDP source ports in turn
-    # (roce_bw --spray), so the switches' hash spreads one QP over the paths
-    "roce.spray": Param(int, 1, SPRAY_BLOCK),
-    # the receivers: RC's go-back-N (gbn) or out-of-order placement (ooo)
-    "roce.placement": Param(str, choices=("gbn", "ooo")),
-    # an ooo receiver NAKs a gap once this many packets arrived past it (a deeper
-    # reordering than the paths' queues can make is a loss)
-    "roce.reorder_pkts": Param(int, 1, 4095),
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     **lossless.DEFAULTS,
-    "roce": {**lossless.DEFAULTS["roce"], "spray": 1, "placement": "gbn",
-             "reorder_pkts": 64},
     "ecn": {"marking": "off", "kmin_bytes": 5_000, "kmax_bytes": 20_000, "pmax": 0.2},
 }
 
@@ -131,18 +119,11 @@ def flows(topo_desc: dict[str, Any], params: dict[str, Any],
 
 
 def _spray_ports(sprayed: list[RoceFlow], used: set[int], rng: random.Random) -> None:
-    """Each sprayed QP a block of SPRAY_BLOCK source ports that no other flow's port is in
-    (drawn from the seed), and its subflows: the block's next ``spray - 1`` ports."""
-    if not sprayed:
-        return
-    start = -(-FIXED_SPORTS.start // SPRAY_BLOCK) * SPRAY_BLOCK
-    free = [b for b in range(start, FIXED_SPORTS.stop - SPRAY_BLOCK + 1, SPRAY_BLOCK)
-            if not any(b <= p < b + SPRAY_BLOCK for p in used)]
-    for f, base in zip(sprayed, rng.sample(free, len(sprayed)), strict=True):
+    """Each sprayed QP a block of source ports that no other flow's port is in (drawn from
+    the seed), and its subflows: the block's next ``spray - 1`` ports."""
+    for f, base in zip(sprayed, lossless.spray_blocks(len(sprayed), used, rng), strict=True):
         f.flow.sport = base
-        f.subflows = [replace(f.flow, id=f"{f.flow.id}~{e}", sport=base + e, result={},
-                              rate_bps=0.0, subflow_of=f.flow.id)
-                      for e in range(1, f.spray)]
+        f.subflows = lossless.spray_subflows(f.flow, f.spray)
 
 
 #: A ``flows`` entry's keys: each sender's one QP (one RoCE endpoint per host: UDP 4791)
