@@ -298,6 +298,10 @@ def test_a_bad_option_is_one_line_and_exit_2(program: Path) -> None:
                          "10.0.0.1", "--bind", "10.0.0.1", "--size", "1000", "--steps", "1",
                          "--out", "x.json"], "--size"),
                        (["--rank", "0", "--world", "3", "--cc", "cubic"], "--cc"),
+                       (["--rank", "0", "--world", "3", "--placement", "late"], "--placement"),
+                       (["--rank", "0", "--world", "3", "--next", "10.0.0.1", "--prev",
+                         "10.0.0.1", "--bind", "10.0.0.1", "--size", "999", "--steps", "1",
+                         "--out", "x.json", "--spray", "4"], "--spray"),     # no --src-port
                        (["--world", "3"], "--rank")):
         r = subprocess.run([str(program), *argv], capture_output=True, text=True, timeout=10)
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr

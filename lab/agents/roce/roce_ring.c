@@ -56,8 +56,8 @@ struct opts {
 	uint64_t size;
 	uint32_t steps, warmup;
 	double compute_s, rate_mbps, rto_ms, connect_timeout_s, io_timeout_s;
-	int cc_dcqcn;
-	uint32_t mtu, tx_depth, dscp, retry_cnt;
+	int cc_dcqcn, placement_ooo;
+	uint32_t mtu, tx_depth, dscp, retry_cnt, spray, reorder_pkts;
 };
 
 struct step {
@@ -97,7 +97,8 @@ static void usage(FILE *f)
 		"                 --steps K --out FILE [--src-port P] [--warmup 1]\n"
 		"                 [--compute-s 0.1] [--rate-mbps 100] [--cc dcqcn|none]\n"
 		"                 [--mtu 1024] [--rto-ms 4] [--retry-cnt 7] [--tx-depth 16]\n"
-		"                 [--dscp 26] [--connect-timeout-s 30] [--io-timeout-s 60]\n");
+		"                 [--dscp 26] [--connect-timeout-s 30] [--io-timeout-s 60]\n"
+		"                 [--spray N] [--placement gbn|ooo] [--reorder-pkts 64]\n");
 }
 
 static uint32_t ip_opt(const char *name, const char *s)
@@ -143,6 +144,15 @@ static void parse_one(struct opts *o, int c)
 		break;
 	case 'I': o->io_timeout_s = host_num_opt("io-timeout-s", optarg, 0.01, 1e5); break;
 	case 'o': o->out = optarg; break;
+	case 'Y': o->spray = (uint32_t)host_int_opt("spray", optarg, 1, 4096); break;
+	case 'O':
+		if (strcmp(optarg, "gbn") && strcmp(optarg, "ooo"))
+			host_bad_opt("placement", "must be gbn or ooo");
+		o->placement_ooo = !strcmp(optarg, "ooo");
+		break;
+	case 'K':
+		o->reorder_pkts = (uint32_t)host_int_opt("reorder-pkts", optarg, 1, 4095);
+		break;
 	}
 }
 
@@ -177,6 +187,10 @@ static void check_opts(const struct opts *o)
 		host_bad_opt("rank", "must be below --world");
 	if (o->size % (uint64_t)o->world)
 		host_bad_opt("size", "must be a multiple of --world (equal chunks)");
+	if (o->spray > 1 && !o->src_port)
+		host_bad_opt("spray", "needs --src-port: the sprayed ports are P .. P + N - 1");
+	if (o->src_port && o->spray > 1 && o->src_port + o->spray - 1 > 65535)
+		host_bad_opt("spray", "P + N - 1 must stay a port number");
 }
 
 static void parse_opts(int argc, char **argv, struct opts *o)
@@ -193,12 +207,14 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 		{"dscp", required_argument, 0, 'D'},
 		{"connect-timeout-s", required_argument, 0, 'T'},
 		{"io-timeout-s", required_argument, 0, 'I'}, {"out", required_argument, 0, 'o'},
+		{"spray", required_argument, 0, 'Y'}, {"placement", required_argument, 0, 'O'},
+		{"reorder-pkts", required_argument, 0, 'K'},
 		{"help", no_argument, 0, 'h'},
 		{0, 0, 0, 0}};
 	*o = (struct opts){.rank = -1, .warmup = 1, .compute_s = 0.1, .rate_mbps = 100,
 			   .cc_dcqcn = 1, .mtu = 1024, .rto_ms = 4, .retry_cnt = 7,
 			   .tx_depth = 16, .dscp = 26, .connect_timeout_s = 30,
-			   .io_timeout_s = 60};
+			   .io_timeout_s = 60, .spray = 1, .reorder_pkts = 64};
 	opterr = 0;
 	int c, idx;
 	while ((c = getopt_long(argc, argv, "", longs, &idx)) != -1) {
@@ -242,7 +258,8 @@ static struct qp_config qp_config(const struct ring *g, uint64_t msg_size, uint3
 		.mtu = o->mtu, .msg_size = msg_size, .tx_depth = o->tx_depth, .iters = 1,
 		.ackreq_every = 64, .rto_ns = ns_of(o->rto_ms / 1e3), .retry_cnt = o->retry_cnt,
 		.start_psn = psn, .cc_dcqcn = o->cc_dcqcn, .line_rate_bps = o->rate_mbps * 1e6,
-		.burst_pkts = 4, .sport = roce_udp_sport(g->qpn, o->src_port, 0, 0)};
+		.burst_pkts = 4, .sport = roce_udp_sport(g->qpn, o->src_port, 0, 0),
+		.spray = o->spray};
 }
 
 static void start_barrier(struct ring *g, uint64_t now)
@@ -251,6 +268,7 @@ static void start_barrier(struct ring *g, uint64_t now)
 	c.rto_ns = HELLO_RTO_NS;
 	c.retry_cnt = UINT32_MAX;  /* the connect timeout ends it, not the QP */
 	c.cc_dcqcn = 0;
+	c.spray = 0;               /* the tokens on the QP's own port: no reordering to wait out */
 	if (qp_req_init(&g->req, &c, g->qpn, g->qpn + 1, now)) {
 		fprintf(stderr, "roce_ring: out of memory\n");
 		exit(1);
@@ -431,6 +449,8 @@ static void json_params(FILE *f, const struct ring *g)
 		"\"tx_depth\": %u, \"dscp\": %u, \"connect_timeout_s\": %g, "
 		"\"io_timeout_s\": %g,\n", o->rate_mbps, o->mtu, o->rto_ms, o->retry_cnt,
 		o->tx_depth, o->dscp, o->connect_timeout_s, o->io_timeout_s);
+	fprintf(f, "  \"spray\": %u, \"placement\": \"%s\", \"reorder_pkts\": %u,\n", o->spray,
+		o->placement_ooo ? "ooo" : "gbn", o->reorder_pkts);
 }
 
 static void json_steps(FILE *f, const struct ring *g)
@@ -588,6 +608,8 @@ int main(int argc, char **argv)
 	g->h.src_port = g->o.src_port;
 	g->h.dscp = (uint8_t)g->o.dscp;
 	g->h.peer_only = g->prev;
+	g->h.placement_ooo = g->o.placement_ooo;
+	g->h.reorder_pkts = g->o.reorder_pkts;
 	host_init(&g->h, g->o.rate_mbps, 4, g->o.mtu, 100, 1);
 	host_open_sockets(&g->h);
 	return run(g);
