@@ -509,12 +509,13 @@ def render(diagnosis: dict[str, dict[str, Any]]) -> list[str]:
 #: What a phase's metrics echo of its settings rather than measure (``other_job``: the
 #: other job's hosts as configured, and its slowdown against a phase the scenario names).
 SETTING_ECHOES = ("paths", "placement", "pins", "marking", "cc", "library", "program", "hosts",
-                  "other_job", "transport")
+                  "other_job", "transport", "spray")
 #: What the lab wrote on each flow that a flow record (the 5-tuple, its bytes, its path)
 #: does not have: the name it gave the flow, the role it started it for (``kind``), the
-#: rank and epoch it belongs to, its configured rate and congestion control. The stripped
-#: flows are named by their place in the list.
-FLOW_LABELS = ("id", "kind", "rank", "epoch", "offered_bps", "cc")
+#: rank and epoch it belongs to, its configured rate and congestion control, and the name
+#: of the QP a sprayed 5-tuple belongs to. The stripped flows are named by their place in
+#: the list.
+FLOW_LABELS = ("id", "kind", "rank", "epoch", "offered_bps", "cc", "subflow_of")
 #: What a loader's record echoes of its settings (its per-worker record is what it measured).
 LOADER_SETTINGS = ("workers", "prefetch", "batch_bytes", "cpu_ms")
 #: What a phase's link record holds of the rate the scenario set on it (a slowed storage

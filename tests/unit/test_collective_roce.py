@@ -3,11 +3,15 @@ cannot run is refused before anything starts, naming the key as the user wrote i
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from lab import run
+from lab.kinds.collective import metrics as jm
 from lab.kinds.collective import roce
 from lab.kinds.collective.plan import phase_params
+from lab.model import lossless
 from lab.model.errors import ScenarioError
 
 
@@ -50,3 +54,35 @@ def test_gloo_is_refused_with_why() -> None:
     with pytest.raises(ScenarioError) as err:
         run.check_input("roce-allreduce", None, ["job.library=gloo"], None, None)
     assert "gloo speaks TCP only" in str(err.value)
+
+
+@pytest.mark.parametrize("scenario, sets, why", [
+    ("roce-allreduce", ["roce.spray=64"], "pins each ring QP"),       # its ring is placed
+    ("roce-allreduce", ["roce.spray=257"], ""),                       # past a port block
+    ("allreduce-ecmp", ["roce.spray=4"], "no RoCE QP to spray"),      # a TCP ring
+])
+def test_spraying_what_cannot_be_sprayed_names_the_key(scenario: str, sets: list[str],
+                                                      why: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        run.check_input(scenario, None, sets, None, None)
+    assert err.value.field == "roce.spray" and why in str(err.value), str(err.value)
+
+
+def test_a_sprayed_qp_is_one_connection_on_every_link_it_took() -> None:
+    """Collisions count connections: a sprayed QP's 5-tuples are one QP wherever they go."""
+    flows = [{"id": "r0e0", "kind": "allreduce", "epoch": 0, "path": ["leaf1", "spine1"]},
+             {"id": "r0e0~1", "subflow_of": "r0e0", "kind": "allreduce", "epoch": 0,
+              "path": ["leaf1", "spine1"]},
+             {"id": "r0e0~2", "subflow_of": "r0e0", "kind": "allreduce", "epoch": 0,
+              "path": ["leaf1", "spine2"]},
+             {"id": "r1e0", "kind": "allreduce", "epoch": 0, "path": ["leaf1", "spine2"]}]
+    e = jm.epoch_collisions(flows)[0]
+    assert e["max_flows_per_link"] == 2 and e["shared_links"] == {"leaf1->spine2":
+                                                                 ["r0e0", "r1e0"]}
+
+
+def test_spray_blocks_are_each_qps_own() -> None:
+    bases = lossless.spray_blocks(3, {33024}, random.Random(1))
+    assert len(set(bases)) == 3
+    for b in bases:
+        assert b % lossless.SPRAY_BLOCK == 0 and not b <= 33024 < b + lossless.SPRAY_BLOCK

@@ -98,15 +98,19 @@ def epoch_collisions(flows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Per epoch: how many of the job's connections shared the busiest fabric link.
 
     Read from each connection's measured path (the switches' counters), not from what a
-    policy was expected to do.
+    policy was expected to do. A sprayed QP is one connection on every link any of its
+    5-tuples took.
     """
     out: dict[int, dict[str, Any]] = {}
     for f in flows:
         if f.get("kind") != "allreduce":
             continue
         e = out.setdefault(f["epoch"], {"per_link": {}})
+        conn = f.get("subflow_of") or f["id"]
         for ln in links_of(f["path"]):
-            e["per_link"].setdefault(ln, []).append(f["id"])
+            on = e["per_link"].setdefault(ln, [])
+            if conn not in on:
+                on.append(conn)
     for e in out.values():
         per = e.pop("per_link")
         e["max_flows_per_link"] = max((len(v) for v in per.values()), default=0)

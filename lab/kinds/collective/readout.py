@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.analysis import pauses
+from lab.analysis import pauses, uplinks
 from lab.kinds.base import Plan
 from lab.kinds.collective import gloo, gpuwait, otherjob
 from lab.kinds.collective import metrics as jm
@@ -70,6 +70,7 @@ class JobReadout:
     # RoceJob's: a ring QP's counters from its rank, and the incast's QPs' results
     attach_roce_results: Callable[[list[Conn], list[dict[str, Any]]], None]
     incast_results: Callable[[list[Conn], Path], dict[str, Any]]
+    ring_reordering: Callable[[list[dict[str, Any]]], dict[str, int]]
 
     def bottleneck_bps(self, flows: list[dict[str, Any]]) -> float:
         """The slowest configured link any of the job's connections crossed."""
@@ -83,7 +84,8 @@ class JobReadout:
     def phase_result(self, ph: Phase, d: Drive) -> dict[str, Any]:
         """The phase's links, flows (paths from the switches' counters) and metrics."""
         pp, window, work = ph.pp, d.window, ph.work
-        all_conns = ph.conns + ph.sconns + ph.lconns + ph.econns + ph.oconns + ph.iconns
+        all_conns = (ph.conns + ph.sconns + ph.lconns + ph.econns + ph.oconns + ph.iconns
+                     + ph.subconns)
         outputs = self.read_outputs(pp, ph.hosts, ph.conns, work)
         attach = self.attach_roce_results if pp["job"]["transport"] == "roce" \
             else self.attach_results
@@ -113,6 +115,12 @@ class JobReadout:
         if ph.k_rule is not None:
             metrics["marking"]["k_rule"] = ph.k_rule
         metrics.update(self.settings_used(ph, outputs, flows))
+        if pp["job"]["transport"] == "roce":
+            metrics["reordering"] = self.ring_reordering(outputs)
+        if ph.subconns:                  # sprayed: how the first rank's leaf split its QPs
+            leaf = self.leaf_of[ph.hosts[0]]
+            metrics["split"] = {"switch": leaf,
+                                **uplinks.split(uplinks.of(links, self.topo, leaf))}
         metrics["cpu_idle_min_pct"] = judged["cpu_idle_min_pct"]
         metrics["lab_cpu_pct"] = judged["lab_cpu_pct"]
         metrics["fidelity_window_s"] = judged["window_s"]
@@ -174,6 +182,8 @@ class JobReadout:
                "pins": [{"flow": by_tuple.get((p["src"], p["sport"], p["dst"], p["dport"])),
                          "switch": p["switch"], "port": p["port"]} for p in ph.pinned],
                "placement": pp["placement"]["hosts"], "hosts": ph.hosts}
+        if ph.subconns:
+            out["spray"] = {"ports": pp["roce"]["spray"], "receivers": pp["roce"]["placement"]}
         if pp["job"]["library"] == "gloo":
             out["gloo"] = self.gloo_summary(ph, outputs, flows)
         return out

@@ -79,6 +79,7 @@ def check(pp: dict[str, Any], topo_desc: dict[str, Any], known: list[str] | None
                 raise ScenarioError(f(field), f"{why} ({key} is {_get(pp, key)!r}; the "
                                     f"ring on RoCE needs {needed!r})")
     check_incast(pp, topo_desc, known, f)
+    check_spray(pp, f)
     if not any_lossless:
         return
     if pp["storage"]["mode"] == "classes":
@@ -92,6 +93,20 @@ def check(pp: dict[str, Any], topo_desc: dict[str, Any], known: list[str] | None
                       (qp if pp["incast"]["from"] else 0,
                        "roce.size_bytes x roce.tx_depth (an incast QP)"))
     lossless.check(topo_desc, pp, f, outstanding, pp["ecn"]["marking"] != "off")
+
+
+def check_spray(pp: dict[str, Any], f: Callable[[str], str]) -> None:
+    """Spraying (``roce.spray`` > 1) takes RoCE QPs, whose per-packet source port is the
+    entropy the switches hash; a pinned path is the opposite of it."""
+    if pp["roce"]["spray"] <= 1:
+        return
+    if not uses_lossless(pp):
+        raise ScenarioError(f("roce.spray"), "the phase has no RoCE QP to spray "
+                            f"(job.transport is {pp['job']['transport']!r}, no incast): TCP "
+                            "carries no per-packet entropy the switches could hash")
+    if pp["job"]["transport"] == "roce" and pp["placement"]["paths"] == "balanced":
+        raise ScenarioError(f("roce.spray"), "placement.paths balanced pins each ring QP's "
+                            "5-tuple to a spine; a sprayed QP's packets take every path")
 
 
 def check_incast(pp: dict[str, Any], topo_desc: dict[str, Any], known: list[str] | None,

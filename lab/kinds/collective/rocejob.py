@@ -9,6 +9,7 @@ run's hosts, addresses, source ports and spawn. The keys and checks are
 
 from __future__ import annotations
 
+import random
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from lab.kinds.collective import roce
 from lab.kinds.collective.plan import Conn
 from lab.machine import programs
 from lab.measure import classes as class_counts
+from lab.model import lossless
 from lab.model.flows import ROCE_UDP_PORT, FlowSpec
 from lab.net.lossless import LosslessClass
 from lab.workloads import rocebw
@@ -38,6 +40,7 @@ class RoceJob:
     ips: dict[str, str]
     sports: list[int]
     next_index: int
+    rng: random.Random
     bw: dict[tuple[str, str], float]
     leaf_of: dict[str, str]
     #: The fabric's lossless class, when some phase of the run has RoCE traffic.
@@ -75,6 +78,30 @@ class RoceJob:
         self.next_index += len(out)
         return out
 
+    def spray_conns(self, pp: dict[str, Any], conns: list[Conn]) -> list[Conn]:
+        """With ``roce.spray`` N > 1, each QP of ``conns`` a block of source ports of its own
+        (drawn from the seed; its first port its own 5-tuple's) and the subflows its other
+        N - 1 ports make: returned, to be watched on the switches like connections, so each
+        one's path and bytes are what its packets did."""
+        n = pp["roce"]["spray"]
+        if n <= 1 or not conns:
+            return []
+        subs = []
+        bases = lossless.spray_blocks(len(conns), set(), self.rng)
+        for c, base in zip(conns, bases, strict=True):
+            c.spec.sport = base
+            for s in lossless.spray_subflows(c.spec, n):
+                subs.append(Conn(s, c.rank, c.epoch, self.next_index))
+                self.next_index += 1
+        return subs
+
+    def warm_sprayed(self, pp: dict[str, Any], conns: list[Conn]) -> None:
+        """Each sprayed QP's 5-tuples through the switches once, before its receiver listens
+        and before the phase's window opens (``lab.workloads.rocebw.warm``)."""
+        if pp["roce"]["spray"] > 1:
+            for c in conns:
+                rocebw.warm(self.fabric, c.spec, pp["roce"]["spray"])
+
     # -- programs ------------------------------------------------------------------------
     def start_roce_ring(self, pp: dict[str, Any], hosts: list[str], conns: list[Conn],
                         work: Path) -> list[subprocess.Popen]:
@@ -94,6 +121,8 @@ class RoceJob:
                     "--rate-mbps", f"{self.host_rate_mbps(h):g}", "--cc", r_["cc"],
                     "--mtu", str(r_["mtu"]), "--rto-ms", f"{r_['rto_ms']:g}",
                     "--tx-depth", str(r_["tx_depth"]), "--dscp", str(ROCE_DSCP),
+                    "--spray", str(r_["spray"]), "--placement", r_["placement"],
+                    "--reorder-pkts", str(r_["reorder_pkts"]),
                     "--connect-timeout-s", "20", "--out", str(work / f"rank{r}.json")]
             procs.append(programs.spawn(self.fabric, h, argv, work / f"rank{r}.log",
                                         f"roce_ring rank {r}", "ranks"))
@@ -110,7 +139,8 @@ class RoceJob:
         out = work / "incast"
         out.mkdir(exist_ok=True)
         rx = iconns[0].spec.dst
-        procs = rocebw.start_servers(self.fabric, bw_bin, {rx: self.host_rate_mbps(rx)}, out)
+        procs = rocebw.start_servers(self.fabric, bw_bin, {rx: self.host_rate_mbps(rx)}, out,
+                                     pp["roce"]["placement"], pp["roce"]["reorder_pkts"])
         for c in iconns:
             argv = rocebw.client_argv(bw_bin, c.spec, pp["roce"],
                                       duration_s + INCAST_SPARE_S, out / f"{c.spec.id}.json")
@@ -153,6 +183,18 @@ class RoceJob:
                              "sent_bytes": sent,
                              "goodput_bps": sent * 8 / span if span > 0 else 0.0,
                              "error": o.get("error")}
+
+    @staticmethod
+    def ring_reordering(outputs: list[dict[str, Any]]) -> dict[str, int]:
+        """What the ring's receivers saw out of order, summed over the ranks' responders:
+        packets past a gap that go-back-N dropped and NAKed (``out_of_sequence``), and those
+        an ooo receiver placed (``placed_out_of_order``)."""
+        out = {"out_of_sequence": 0, "placed_out_of_order": 0}
+        for o in outputs:
+            resp = (o.get("qp") or {}).get("responder") or {}
+            for k in out:
+                out[k] += int(resp.get(k, 0))
+        return out
 
     @staticmethod
     def incast_results(iconns: list[Conn], work: Path) -> dict[str, Any]:

@@ -62,6 +62,8 @@ class Phase:
     econns: list[Conn] = field(default_factory=list)
     oconns: list[Conn] = field(default_factory=list)
     iconns: list[Conn] = field(default_factory=list)    # another job's RoCE incast
+    #: The sprayed QPs' other 5-tuples (``roce.spray``), each watched as a flow.
+    subconns: list[Conn] = field(default_factory=list)
 
 
 class JobSetup:
@@ -84,6 +86,8 @@ class JobSetup:
     host: Callable[[str], Any]                          # JobPrograms': a fabric host
     roce_ring_conns: Callable[[dict[str, Any], list[str]], list[Conn]]   # RoceJob's
     incast_conns: Callable[[dict[str, Any]], list[Conn]]                 # RoceJob's
+    spray_conns: Callable[[dict[str, Any], list[Conn]], list[Conn]]      # RoceJob's
+    warm_sprayed: Callable[[dict[str, Any], list[Conn]], None]           # RoceJob's
     request: Callable[[dict[str, Any]], dict[str, Any]]  # JobRun's: the controller's answer
 
     # -- planning -----------------------------------------------------------------------------
@@ -309,6 +313,8 @@ class JobSetup:
         oconns = otherjob.conns(pp, self.ips, self.sports, self.next_index)
         self.next_index += len(oconns)
         iconns = self.incast_conns(pp)
+        qps = (conns if pp["job"]["transport"] == "roce" else []) + iconns
+        subconns = self.spray_conns(pp, qps)
         pinned = self.set_paths(pp, conns, econns, oconns)
         self.announce_jobs(pp, conns, oconns)
         k_rule = None
@@ -319,8 +325,9 @@ class JobSetup:
         ecn_flag = 1 if pp["job"]["ecn"] else 0
         for h in {*hosts, *pp["storage"]["hosts"], *pp["other_job"]["hosts"]}:
             self.host(h).cmd(f"sysctl -qw net.ipv4.tcp_ecn={ecn_flag}")
-        watch = [e for c in conns + sconns + lconns + econns + oconns + iconns
+        watch = [e for c in conns + sconns + lconns + econns + oconns + iconns + subconns
                  for e in c.spec.watch_entries(c.index)]
         self.request({"cmd": "watch", "flows": watch})
+        self.warm_sprayed(pp, qps)
         return Phase(pp, work, hosts, conns, sconns, pinned, marking, k_rule, lconns, econns,
-                     oconns, iconns)
+                     oconns, iconns, subconns)
