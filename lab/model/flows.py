@@ -63,6 +63,10 @@ class FlowSpec:
                "dst": self.dst_ip, "sport": self.sport, "dport": self.dport}
         rev = {"cookie": COOKIE_BASE + 2 * index + 1, "proto": p, "src": self.dst_ip,
                "dst": self.src_ip, "sport": self.dport, "dport": self.sport}
+        if self.proto == "udp" and self.dport == ROCE_UDP_PORT:
+            # RoCE answers to UDP 4791 too: the responder's ACKs, NAKs and CNPs leave from
+            # the port the data came from (lab/agents/roce's reply_port)
+            rev.update(sport=self.sport, dport=ROCE_UDP_PORT)
         return [fwd, rev]
 
 

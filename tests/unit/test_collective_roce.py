@@ -13,6 +13,7 @@ from lab.kinds.collective import roce
 from lab.kinds.collective.plan import phase_params
 from lab.model import lossless
 from lab.model.errors import ScenarioError
+from lab.model.flows import FlowSpec
 
 
 @pytest.mark.parametrize("sets, field", [
@@ -86,3 +87,19 @@ def test_spray_blocks_are_each_qps_own() -> None:
     assert len(set(bases)) == 3
     for b in bases:
         assert b % lossless.SPRAY_BLOCK == 0 and not b <= 33024 < b + lossless.SPRAY_BLOCK
+
+
+def test_a_roce_flows_answers_are_watched_where_the_responder_sends_them() -> None:
+    """A responder answers from the port its data came from, to 4791 (lab/agents/roce's
+    reply_port): the reverse entry is that 5-tuple, not the TCP-style swap of ports."""
+    qp = FlowSpec(id="q", src="h1", dst="h5", src_ip="10.0.0.1", dst_ip="10.0.0.5",
+                  proto="udp", sport=33280, dport=4791, rate_bps=0.0)
+    fwd, rev = qp.watch_entries(0)
+    assert (fwd["src"], fwd["sport"], fwd["dst"], fwd["dport"]) == \
+        ("10.0.0.1", 33280, "10.0.0.5", 4791)
+    assert (rev["src"], rev["sport"], rev["dst"], rev["dport"]) == \
+        ("10.0.0.5", 33280, "10.0.0.1", 4791)
+    tcp = FlowSpec(id="t", src="h1", dst="h5", src_ip="10.0.0.1", dst_ip="10.0.0.5",
+                   proto="tcp", sport=40001, dport=5201, rate_bps=0.0)
+    assert (tcp.watch_entries(0)[1]["sport"], tcp.watch_entries(0)[1]["dport"]) == \
+        (5201, 40001)

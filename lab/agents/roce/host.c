@@ -273,6 +273,7 @@ static void on_data(struct host *h, const struct sockaddr_in *src, uint32_t loca
 		return;
 	}
 	p->dscp = tos >> 2;
+	p->reply_port = ntohs(src->sin_port);
 	size_t wire = udp_len + ROCE_IPV4_LEN + ROCE_UDP_LEN + ROCE_ETH_OVERHEAD;
 	qp_resp_on_data(&p->r, hdr, payload, wire, (tos & 3) == ROCE_ECN_CE, now);
 	if (!p->touched && h->ntouched < HOST_BATCH) {
@@ -288,7 +289,7 @@ static void answer_touched(struct host *h)
 	struct roce_hdr hdr;
 	for (int i = 0; i < h->ntouched; i++) {
 		struct host_peer *p = &h->peers[h->touched[i]];
-		uint16_t sport = roce_udp_sport(p->r.qpn, 0, 0, 0);
+		uint16_t sport = p->reply_port ? p->reply_port : roce_udp_sport(p->r.qpn, 0, 0, 0);
 		p->touched = 0;
 		if (qp_resp_cnp(&p->r, &hdr))
 			host_queue(h, p->local, p->addr, sport,

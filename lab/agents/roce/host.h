@@ -62,6 +62,9 @@ struct host_peer {
 	uint32_t addr;          /* the requester's host, host order */
 	uint32_t local;         /* our address it wrote to: the source of our answers */
 	uint8_t dscp;           /* the data's DSCP, which our ACKs travel with */
+	/* the UDP source port of its latest packet, our answers' source port: an answer takes
+	 * the reverse of the path its data's 5-tuple hashed to, and is counted with it */
+	uint16_t reply_port;
 	struct qp_responder r;
 	int touched;
 };
