@@ -84,12 +84,10 @@ class JobReadout:
     def phase_result(self, ph: Phase, d: Drive) -> dict[str, Any]:
         """The phase's links, flows (paths from the switches' counters) and metrics."""
         pp, window, work = ph.pp, d.window, ph.work
-        all_conns = (ph.conns + ph.sconns + ph.lconns + ph.econns + ph.oconns + ph.iconns
-                     + ph.subconns)
+        all_conns = ph.all_conns()
         outputs = self.read_outputs(pp, ph.hosts, ph.conns, work)
-        attach = self.attach_roce_results if pp["job"]["transport"] == "roce" \
-            else self.attach_results
-        attach(ph.conns, outputs)
+        (self.attach_roce_results if pp["job"]["transport"] == "roce"
+         else self.attach_results)(ph.conns, outputs)
         incast = self.incast_results(ph.iconns, work) if ph.iconns else None
         self.attach_loader_results(ph.lconns, outputs)
         self.attach_client_results(ph.sconns, work)
@@ -115,12 +113,7 @@ class JobReadout:
         if ph.k_rule is not None:
             metrics["marking"]["k_rule"] = ph.k_rule
         metrics.update(self.settings_used(ph, outputs, flows))
-        if pp["job"]["transport"] == "roce":
-            metrics["reordering"] = self.ring_reordering(outputs)
-        if ph.subconns:                  # sprayed: how the first rank's leaf split its QPs
-            leaf = self.leaf_of[ph.hosts[0]]
-            metrics["split"] = {"switch": leaf,
-                                **uplinks.split(uplinks.of(links, self.topo, leaf))}
+        metrics.update(self.roce_metrics(ph, outputs, links))
         metrics["cpu_idle_min_pct"] = judged["cpu_idle_min_pct"]
         metrics["lab_cpu_pct"] = judged["lab_cpu_pct"]
         metrics["fidelity_window_s"] = judged["window_s"]
@@ -186,6 +179,19 @@ class JobReadout:
             out["spray"] = {"ports": pp["roce"]["spray"], "receivers": pp["roce"]["placement"]}
         if pp["job"]["library"] == "gloo":
             out["gloo"] = self.gloo_summary(ph, outputs, flows)
+        return out
+
+    def roce_metrics(self, ph: Phase, outputs: list[dict[str, Any]],
+                     links: list[dict[str, Any]]) -> dict[str, Any]:
+        """A ring on RoCE: what its receivers saw out of order; sprayed, how the first rank's
+        leaf split its QPs over the uplinks."""
+        out: dict[str, Any] = {}
+        if ph.pp["job"]["transport"] == "roce":
+            out["reordering"] = self.ring_reordering(outputs)
+        if ph.subconns:
+            leaf = self.leaf_of[ph.hosts[0]]
+            out["split"] = {"switch": leaf,
+                            **uplinks.split(uplinks.of(links, self.topo, leaf))}
         return out
 
     @staticmethod

@@ -65,6 +65,11 @@ class Phase:
     #: The sprayed QPs' other 5-tuples (``roce.spray``), each watched as a flow.
     subconns: list[Conn] = field(default_factory=list)
 
+    def all_conns(self) -> list[Conn]:
+        """Every connection the phase watches on the switches, in its flows' order."""
+        return (self.conns + self.sconns + self.lconns + self.econns + self.oconns
+                + self.iconns + self.subconns)
+
 
 class JobSetup:
     """A phase's network settings on the running fabric (a part of ``JobRun``)."""
@@ -325,9 +330,9 @@ class JobSetup:
         ecn_flag = 1 if pp["job"]["ecn"] else 0
         for h in {*hosts, *pp["storage"]["hosts"], *pp["other_job"]["hosts"]}:
             self.host(h).cmd(f"sysctl -qw net.ipv4.tcp_ecn={ecn_flag}")
-        watch = [e for c in conns + sconns + lconns + econns + oconns + iconns + subconns
-                 for e in c.spec.watch_entries(c.index)]
-        self.request({"cmd": "watch", "flows": watch})
+        ph = Phase(pp, work, hosts, conns, sconns, pinned, marking, k_rule, lconns, econns,
+                   oconns, iconns, subconns)
+        self.request({"cmd": "watch", "flows": [e for c in ph.all_conns()
+                                                for e in c.spec.watch_entries(c.index)]})
         self.warm_sprayed(pp, qps)
-        return Phase(pp, work, hosts, conns, sconns, pinned, marking, k_rule, lconns, econns,
-                     oconns, iconns, subconns)
+        return ph
