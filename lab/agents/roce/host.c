@@ -65,6 +65,25 @@ uint64_t host_int_opt(const char *name, const char *s, double lo, double hi)
 	return (uint64_t)v;
 }
 
+int host_multipath_opt(int c, const char *arg, uint32_t *spray, int *placement_ooo,
+		       uint32_t *reorder_pkts)
+{
+	switch (c) {
+	case 'Y':
+		*spray = (uint32_t)host_int_opt("spray", arg, 1, 4096);
+		return 1;
+	case 'O':
+		if (strcmp(arg, "gbn") && strcmp(arg, "ooo"))
+			host_bad_opt("placement", "must be gbn or ooo");
+		*placement_ooo = !strcmp(arg, "ooo");
+		return 1;
+	case 'K':
+		*reorder_pkts = (uint32_t)host_int_opt("reorder-pkts", arg, 1, QP_OOO_WINDOW - 1);
+		return 1;
+	}
+	return 0;
+}
+
 void host_die(const char *what)
 {
 	fprintf(stderr, "%s: %s: %s\n", host_prog, what, strerror(errno));

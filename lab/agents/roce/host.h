@@ -52,6 +52,11 @@ void host_bad_opt(const char *name, const char *why) __attribute__((noreturn));
 double host_num_opt(const char *name, const char *s, double lo, double hi);
 /* A whole number in lo..hi (lo >= 0), or host_bad_opt. */
 uint64_t host_int_opt(const char *name, const char *s, double lo, double hi);
+/* The sprayer's and its receivers' options, shared by the programs with QPs: --spray N
+ * ('Y'), --placement gbn|ooo ('O'), --reorder-pkts N ('K'). Sets the one option c names,
+ * returns 1; 0 when c is none of them. */
+int host_multipath_opt(int c, const char *arg, uint32_t *spray, int *placement_ooo,
+		       uint32_t *reorder_pkts);
 /* A system call failed: one line (what, and errno's text), exit 1. */
 void host_die(const char *what) __attribute__((noreturn));
 /* Timer slack 1 ns, SIGINT/SIGTERM caught and blocked outside host_wait. */

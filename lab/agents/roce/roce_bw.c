@@ -116,15 +116,11 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 				host_bad_opt("like", "must be rxe");
 			o->like_rxe = 1;
 			break;
-		case 'Y': o->spray = (uint32_t)host_int_opt("spray", optarg, 1, 4096); break;
+		case 'Y':
 		case 'O':
-			if (strcmp(optarg, "gbn") && strcmp(optarg, "ooo"))
-				host_bad_opt("placement", "must be gbn or ooo");
-			o->placement_ooo = !strcmp(optarg, "ooo");
-			break;
 		case 'K':
-			o->reorder_pkts = (uint32_t)host_int_opt("reorder-pkts", optarg, 1,
-								 QP_OOO_WINDOW - 1);
+			host_multipath_opt(c, optarg, &o->spray, &o->placement_ooo,
+					   &o->reorder_pkts);
 			break;
 		case 'h': usage(stdout); exit(0);
 		default: {

@@ -144,15 +144,8 @@ static void parse_one(struct opts *o, int c)
 		break;
 	case 'I': o->io_timeout_s = host_num_opt("io-timeout-s", optarg, 0.01, 1e5); break;
 	case 'o': o->out = optarg; break;
-	case 'Y': o->spray = (uint32_t)host_int_opt("spray", optarg, 1, 4096); break;
-	case 'O':
-		if (strcmp(optarg, "gbn") && strcmp(optarg, "ooo"))
-			host_bad_opt("placement", "must be gbn or ooo");
-		o->placement_ooo = !strcmp(optarg, "ooo");
-		break;
-	case 'K':
-		o->reorder_pkts = (uint32_t)host_int_opt("reorder-pkts", optarg, 1, 4095);
-		break;
+	default:
+		host_multipath_opt(c, optarg, &o->spray, &o->placement_ooo, &o->reorder_pkts);
 	}
 }
 
