@@ -57,6 +57,8 @@ uint64_t host_int_opt(const char *name, const char *s, double lo, double hi);
  * returns 1; 0 when c is none of them. */
 int host_multipath_opt(int c, const char *arg, uint32_t *spray, int *placement_ooo,
 		       uint32_t *reorder_pkts);
+/* --reorder-pkts' default, every program's */
+#define HOST_REORDER_PKTS 64
 /* A system call failed: one line (what, and errno's text), exit 1. */
 void host_die(const char *what) __attribute__((noreturn));
 /* Timer slack 1 ns, SIGINT/SIGTERM caught and blocked outside host_wait. */

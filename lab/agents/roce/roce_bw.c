@@ -76,7 +76,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 	*o = (struct opts){.qps = 1, .size = 65536, .tx_depth = 16, .mtu = 1024, .dscp = 26,
 			   .ack_every = 64, .retry_cnt = 7, .burst_pkts = 4, .rate_mbps = 100,
 			   .rto_ms = 4, .drain_s = -1, .wake_us = 100, .cc_dcqcn = 1,
-			   .reorder_pkts = 64};
+			   .reorder_pkts = HOST_REORDER_PKTS};
 	opterr = 0;
 	int c, idx;
 	while ((c = getopt_long(argc, argv, "", longs, &idx)) != -1) {

@@ -207,7 +207,7 @@ static void parse_opts(int argc, char **argv, struct opts *o)
 	*o = (struct opts){.rank = -1, .warmup = 1, .compute_s = 0.1, .rate_mbps = 100,
 			   .cc_dcqcn = 1, .mtu = 1024, .rto_ms = 4, .retry_cnt = 7,
 			   .tx_depth = 16, .dscp = 26, .connect_timeout_s = 30,
-			   .io_timeout_s = 60, .spray = 1, .reorder_pkts = 64};
+			   .io_timeout_s = 60, .spray = 1, .reorder_pkts = HOST_REORDER_PKTS};
 	opterr = 0;
 	int c, idx;
 	while ((c = getopt_long(argc, argv, "", longs, &idx)) != -1) {
