@@ -17,10 +17,13 @@ import pytest
 
 from controllers.marking import tcp_wire_ceiling_bps
 from lab.model.result import validate
-from tests.integration.support import check_links_agree_with_flows, phase, result_of, run_to
-
-#: On an uncongested fabric the measured ring time is within 25 % of 2(N−1)/N·S/B.
-IDEAL_TOL = 0.25
+from tests.integration.support import (
+    IDEAL_TOL,
+    check_links_agree_with_flows,
+    phase,
+    result_of,
+    run_to,
+)
 
 
 def run(tmp_path_factory, scenario: str) -> dict:
