@@ -99,11 +99,22 @@ def read_outputs(flows: list[FlowSpec], work: Path) -> dict[str, dict[str, Any]]
         qp = (client.get("qps") or [{}])[0]
         resp = [r for r in servers[f.dst].get("qps", [])
                 if r.get("client") == f.src_ip and r.get("peer_qpn") == qp.get("qpn")]
-        out[f.id] = {**client, "responder": resp[0] if resp else None}
+        out[f.id] = {**client, "responder": resp[0] if resp else None,
+                     "receiver_cpu_pct": server_cpu_pct(servers[f.dst])}
         if not resp and not client.get("error"):
             out[f.id].update(error=f"{f.dst}'s server has no responder for {f.id}",
                              missing=True)
     return out
+
+
+def server_cpu_pct(server: dict[str, Any]) -> float | None:
+    """A receiver's ``roce_bw`` server's own CPU, % of a core over its life in the phase
+    (the window and the warm-up around it): what its QPs' packets cost the receiving host,
+    the receiver's GRO-less counterpart of a TCP receiver's. None without its JSON."""
+    cpu, elapsed = server.get("cpu"), float(server.get("elapsed_s") or 0.0)
+    if not cpu or elapsed <= 0:
+        return None
+    return round((cpu["user_s"] + cpu["sys_s"]) / elapsed * 100, 2)
 
 
 def flow_result(out: dict[str, Any]) -> dict[str, Any]:

@@ -3,14 +3,18 @@ topology, the pause tree and the regression metrics read what pfcd and the trans
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from controllers.classes import LOSSLESS_CLASS, LOSSY_CLASS, TrafficClasses
 from lab import run
 from lab.analysis import pauses
+from lab.kinds.roce.metrics import receiver_cpu
 from lab.model import lossless
 from lab.model.errors import ScenarioError
 from lab.model.flows import ROCE_UDP_PORT
+from lab.workloads import rocebw
 
 
 @pytest.mark.parametrize("sets, field", [
@@ -146,3 +150,22 @@ def test_jains_index_is_one_for_equal_shares_and_one_over_n_for_a_hog() -> None:
     assert metrics.jain([20.0, 0.0, 0.0, 0.0]) == 0.25
     assert round(metrics.jain([4.7, 5.5, 5.1, 8.8]) or 0, 3) == 0.932
     assert metrics.jain([]) is None and metrics.jain([0.0, 0.0]) is None
+
+
+def test_a_receivers_cpu_is_its_servers_own_and_counted_once_per_host(tmp_path) -> None:
+    """The server's rusage over its life, % of a core; a receiver with several QPs counts
+    once in the phase's mean, and a server that left no JSON is no number."""
+    assert rocebw.server_cpu_pct({}) is None
+    given = run.check_input("pfc-hol", None, [], None, None)
+    flows = [f for f in given.flows if f.phase == "pfc" and f.transport == "roce"]
+    rx = {f.flow.dst for f in flows}
+    assert len(rx) < len(flows)                   # several QPs into one receiver
+    for h in rx:
+        (tmp_path / f"server-{h}.json").write_text(json.dumps(
+            {"elapsed_s": 5.0, "cpu": {"user_s": 0.3, "sys_s": 0.2}, "qps": []}))
+    for f in flows:
+        (tmp_path / f"{f.flow.id}.json").write_text(json.dumps({"qps": [{"qpn": 1}]}))
+    outputs = rocebw.read_outputs([f.flow for f in flows], tmp_path)
+    assert {o["receiver_cpu_pct"] for o in outputs.values()} == {10.0}
+    assert receiver_cpu(flows, outputs) == 10.0
+    assert receiver_cpu(flows, {}) is None

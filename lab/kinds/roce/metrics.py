@@ -127,7 +127,16 @@ def phase_metrics(pp: dict[str, Any], flows: list[RoceFlow], details: dict[str, 
         "pfcd_cpu_per_s": (pfc.get("cpu") or {}).get("per_s"),
         "fairness": fairness(pp, flows, details),
         "split": split(flows, details, topo, policy, seed),
+        "receiver_cpu_pct": receiver_cpu(flows, outputs),
     }
+
+
+def receiver_cpu(flows: list[RoceFlow], outputs: dict[str, Any]) -> float | None:
+    """The RoCE receivers' own CPU, % of a core, the mean over receiving hosts (one server
+    each, whatever the number of its QPs); None when no server said."""
+    per_rx = {f.flow.dst: o["receiver_cpu_pct"] for f in flows if f.transport == "roce"
+              and (o := outputs.get(f.flow.id)) and o.get("receiver_cpu_pct") is not None}
+    return round(sum(per_rx.values()) / len(per_rx), 2) if per_rx else None
 
 
 def assemble(plan: Plan, phases: dict[str, dict[str, Any]], loss: float) -> dict[str, Any]:
@@ -175,7 +184,8 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
 def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
     """Per phase: drops in the lossless class (a lossless fabric's must be 0), the time
     ports spent paused, and each group's goodput shortfall, against the baseline phase's
-    goodput where the scenario names one (a victim's loss), else against its line rate."""
+    goodput where the scenario names one (a victim's loss), else against its line rate;
+    the reordering the receivers saw and their own CPU."""
     out: dict[str, float] = {}
     for name, m in result["metrics"]["phases"].items():
         out[f"{name}.lossless_drops"] = float(m["lossless_drops"])
@@ -198,6 +208,8 @@ def regress_metrics(result: dict[str, Any]) -> dict[str, float]:
         # what the receivers saw out of order: discarded (go-back-N) or placed
         out[f"{name}.reordering"] = float(sum(g["out_of_sequence"] + g["placed_out_of_order"]
                                               for g in gs))
+        if m.get("receiver_cpu_pct") is not None:
+            out[f"{name}.receiver_cpu_pct"] = float(m["receiver_cpu_pct"])
     return out
 
 
