@@ -120,12 +120,12 @@ IDEAL_TOL = 0.25
 
 
 def run_to(out: Path, scenario: str, *args: str, timeout: float = 300,
-           need_valid: bool = True) -> dict:
+           need_valid: bool = True, tries: int = VALID_TRIES) -> dict:
     """`fabriclab run SCENARIO ARGS --out OUT` and its result.json (a module's one run).
 
     ``need_valid``: the test reads numbers that mean something only on a valid run, so a
-    CPU-bound run is run again (``valid_run``); each earlier attempt is kept beside ``out``
-    (``OUT.cpu-bound-N``) to be looked at.
+    CPU-bound run is run again (``valid_run``, at most ``tries`` runs); each earlier attempt
+    is kept beside ``out`` (``OUT.cpu-bound-N``) to be looked at.
     """
     def attempt(n: int) -> dict:
         if n:
@@ -134,7 +134,7 @@ def run_to(out: Path, scenario: str, *args: str, timeout: float = 300,
         return result_of(out)
     if not need_valid:
         return attempt(0)
-    return valid_run(attempt, " ".join(["fabriclab run", scenario, *args]))
+    return valid_run(attempt, " ".join(["fabriclab run", scenario, *args]), tries)
 
 
 def run_scenario(tmp_path: Path, scenario: str, *args: str) -> dict:

@@ -38,10 +38,17 @@ REL_TOL, ABS_TOL_PER_S = 0.03, 5_000
 ETH_HEADER = 14
 
 
+#: Runs to find a valid one in, against VALID_TRIES for the others.
+STREAMING_TRIES = 5
+
+
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("streaming") / "run"
-    r = run_to(out, "streaming-incident", timeout=600)
+    # The heaviest run on two cores: Open vSwitch alone needs 0.8 of a core in its busiest
+    # phases, and on a slow day half the runs cross the datapath's line in one phase or
+    # another (docs/testing.md). A valid run is what the tests need, so it gets more tries.
+    r = run_to(out, "streaming-incident", timeout=600, tries=STREAMING_TRIES)
     r["_dir"] = str(out)
     return r
 
