@@ -46,6 +46,7 @@ CLASS_SHARES: dict[str, int] = {
     "media": 512,       # media servers (nginx-rtmp) and their pushers (ffmpeg)
     "players": 512,     # RTMP and HLS viewers
     "browser": 256,     # headless Chromium playing hls.js
+    "routers": 1024,    # FRR's daemons in the routers (the emulated control plane)
 }
 #: Classes whose waiting for a CPU changes the traffic itself (a sender that cannot send):
 #: a run says so when they waited past the datapath's line.

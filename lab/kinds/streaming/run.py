@@ -152,6 +152,12 @@ class EdgeRun(EdgeSetup, EdgePrograms, EdgeFailover, EdgeLiveView):
             edgecontrol.set_hash(node, "l3", self.base_seeds[name])
         frr_s = frr.start_routers(list(self.routers.values()), self.fabric.topo.bgp,
                                   self.fabric.run_dir, self.fabric.record)
+        # The routers' control plane below the datapath, as every program the lab starts:
+        # at normal priority, a failover's BGP and route installs took the CPU the
+        # forwarding needed (the failover phases were the CPU-bound ones).
+        for r in self.routers.values():
+            for d in r.daemons.values():
+                self.fabric.cpu.add(d["pid"], "routers")
         est = max(r.wait_established(20) for r in self.routers.values())
         # Multipath is complete when every router holds every prefix with all its paths.
         deadline = time.monotonic() + 20
