@@ -79,6 +79,11 @@ VALID_TRIES = 3
 RERUNS: list[str] = []
 
 
+def results_under(root: Path) -> list[dict]:
+    """Every result.json under ``root`` (a regress's trials), in path order."""
+    return [json.loads(p.read_text()) for p in sorted(root.rglob("result.json"))]
+
+
 def cpu_bound(result: dict) -> list[str]:
     """The phases of a run whose CPU numbers fail the lab's own rule
     (``headroom.cpu_verdict``), one line each with the numbers; [] when none does. A run

@@ -4,7 +4,7 @@ The receiver announces its address at 7 ports, so every connection opens 7 more 
 with 5-tuples of their own. Under ``hash5`` the switches place each subflow like a flow:
 the run finds every subflow on the wire, and its counters give each one clean path, the one
 the policy's function gives its 5-tuple, with the links' bytes equal to the flows'. Under
-``hash-l3`` the same subflows cannot part: the hash sees one address pair, so all 32 share
+``hash-l3`` the same subflows cannot part: the hash sees one address pair, so all 64 share
 one uplink, and MPTCP by ports is no fix for an address-only hash. And in the lesson's
 side-by-side table (scenarios/multipath), MPTCP and adaptive routing both even out the
 uplinks that per-flow hashing stacks.
@@ -23,6 +23,7 @@ from tests.integration.support import (
     check_links_agree_with_flows,
     check_paths_follow_policy,
     fabriclab,
+    results_under,
     run_to,
     valid_run,
 )
@@ -40,8 +41,7 @@ def _side_by_side(out: Path) -> dict:
                   f"mptcp=hash5,traffic.proto=mptcp,traffic.subflows={SUBFLOWS}",
                   "--out", str(out), check=False, timeout=400)
     assert r.returncode == 0, r.stdout + r.stderr
-    runs = {d.name: [json.loads(p.read_text()) for p in sorted(d.rglob("result.json"))]
-            for d in out.iterdir() if d.is_dir()}
+    runs = {d.name: results_under(d) for d in out.iterdir() if d.is_dir()}
     return {"stdout": r.stdout, "out": out, "runs": runs,
             "fidelity": {"phases": {n: rs[0]["fidelity"] for n, rs in runs.items()}}}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.support import fabriclab
+from tests.integration.support import fabriclab, results_under
 
 ARGS = ("--scenarios", "ecmp-one-pair", "--trials", "2", "--duration", "3")
 #: How far the policy function's own prediction (lab.analysis.predict, no packets) may be from the
@@ -30,10 +30,6 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
                   "--update-baseline", "--out", str(tmp / "base"))
     assert "baseline written" in r.stdout
     return path, tmp
-
-
-def results_under(root: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(root.rglob("result.json"))]
 
 
 def test_baseline_file_holds_every_trial(baseline: tuple[Path, Path]) -> None:
