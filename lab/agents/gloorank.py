@@ -39,7 +39,6 @@ import argparse
 import os
 import random
 import socket
-import struct
 import time
 from datetime import timedelta
 from typing import Any
@@ -67,17 +66,14 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(delay)
 
 
-def _ipv4(hex_addr: str) -> tuple[str, int]:
-    """``0100000A:1F90`` (``/proc/net/tcp``: address in host byte order) as (IP, port)."""
-    ip, _, port = hex_addr.partition(":")
-    return socket.inet_ntoa(struct.pack("<I", int(ip, 16))), int(port, 16)
-
-
 def own_tcp_sockets() -> dict[int, tuple[int, tuple[str, int], tuple[str, int]]]:
     """{inode: (fd, local, remote)} of this process's established IPv4 TCP sockets.
 
     ``/proc/self/net/tcp`` is this namespace's table (every socket of the host); the
-    process's own descriptors say which of them are ours.
+    process's own descriptors say which of them are ours. The addresses are the
+    descriptor's own: under ``mptcpize`` every subflow of a connection is in the table
+    under its socket's inode, and the socket's names are the connection's (its first
+    subflow's), the 5-tuple its joined subflows are found from.
     """
     fds: dict[int, int] = {}
     for name in os.listdir("/proc/self/fd"):
@@ -87,14 +83,17 @@ def own_tcp_sockets() -> dict[int, tuple[int, tuple[str, int], tuple[str, int]]]
             continue
         if link.startswith("socket:["):
             fds[int(link[8:-1])] = int(name)
-    out = {}
     with open("/proc/self/net/tcp") as table:
         next(table)
-        for line in table:
-            cols = line.split()
-            inode = int(cols[9])
-            if cols[3] == _TCP_ESTABLISHED and inode in fds:
-                out[inode] = (fds[inode], _ipv4(cols[1]), _ipv4(cols[2]))
+        established = {int(cols[9]) for cols in map(str.split, table)
+                       if cols[3] == _TCP_ESTABLISHED}
+    out = {}
+    for inode in sorted(established & set(fds)):
+        with socket.socket(fileno=os.dup(fds[inode])) as sock:
+            try:
+                out[inode] = (fds[inode], sock.getsockname()[:2], sock.getpeername()[:2])
+            except OSError:         # closed since the table was read
+                continue
     return out
 
 
