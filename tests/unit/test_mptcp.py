@@ -10,7 +10,7 @@ import pytest
 from lab import kinds
 from lab.analysis import predict
 from lab.model import scenario
-from lab.model.errors import ScenarioError
+from lab.model.errors import MachineError, ScenarioError
 from lab.model.flows import FlowSpec
 from lab.net.topologies import describe, make_topology
 from lab.workloads import mptcp
@@ -72,6 +72,66 @@ def test_receivers_announce_one_port_per_extra_subflow_and_senders_accept_them()
     assert cmds["h1"] == ["ip mptcp limits set add_addr_accepted 3 subflows 3"]
     assert cmds["h2"] == ["ip mptcp limits set add_addr_accepted 1 subflows 1"]
     assert mptcp.host_commands([flow(1)]) == {}
+
+
+# A rank's namespace while gloo's job on MPTCP hung (``ss -tniH state established``,
+# abridged from a run): the connection's first subflow holds 3.5 MB, a joined one nothing,
+# and a plain TCP socket with bytes queued is no subflow.
+HUNG = """\
+3504816 0      10.0.0.5:61946 10.0.0.2:61823
+\t cubic bytes_received:4672696 tcp-ulp-mptcp flags:Mmecv token:0000(id:0)/c6174a0(id:0)
+0      0      10.0.0.5:5101  10.0.0.2:63855
+\t cubic tcp-ulp-mptcp flags:Jjec token:c0de(id:1)/c6174a0(id:0) seq:1
+1200   0      10.0.0.5:5000  10.0.0.9:22
+\t cubic wscale:7,7 rto:204
+"""
+
+
+def test_a_subflow_holding_bytes_is_what_a_hung_mptcp_job_shows():
+    assert mptcp.held_by_subflows(HUNG) == [("10.0.0.5", 61946, "10.0.0.2", 61823, 3504816)]
+    assert mptcp.held_by_subflows(SS) == []
+
+
+def test_a_mesh_announces_half_the_joins_from_each_end():
+    """gloo's ranks connect either way: every host accepts joins under a limit with room
+    for crossing ones, and each end announces two of a 5-subflow connection's four."""
+    ips = {"h1": "10.0.0.1", "h2": "10.0.0.2"}
+    assert mptcp.mesh_limits(ips)["h2"] == [
+        "ip mptcp endpoint flush", "sysctl -qw net.mptcp.add_addr_timeout=1",
+        "ip mptcp limits set add_addr_accepted 8 subflows 8"]
+    assert mptcp.mesh_announce(ips, 5) == {
+        h: [f"ip mptcp endpoint add {ip} port {p} signal" for p in (5101, 5102)]
+        for h, ip in ips.items()}
+
+
+class _Host:
+    """A host whose ``ss`` shows the next text each time it is asked."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def cmd(self, _line: str) -> str:
+        return self.texts.pop(0) if len(self.texts) > 1 else self.texts[0]
+
+
+class _Fabric:
+    def __init__(self, texts: list[str]) -> None:
+        self.h1 = _Host(texts)
+
+    def host(self, _name: str) -> _Host:
+        return self.h1
+
+
+def test_settled_subflows_are_taken_as_they_are_and_a_short_count_raises_unsettled():
+    """f1 wants 4 subflows and has 3: waiting for all raises at the timeout; with a settle
+    time, what stayed unchanged that long is what the connection has."""
+    with pytest.raises(MachineError) as exc:
+        mptcp.wait_subflows(_Fabric([SS]), [flow(4)], timeout_s=0.1, poll_s=0.01)
+    assert "f1 (3 of 4)" in str(exc.value)
+    fewer = "\n".join(SS.splitlines()[:6])           # one joined subflow not up yet
+    subs = mptcp.wait_subflows(_Fabric([fewer, SS]), [flow(4)], timeout_s=5, poll_s=0.01,
+                               settle_s=0.1)
+    assert [s.id for s in subs] == ["f1~1", "f1~2"]
 
 
 def test_iperf3_is_made_mptcp_and_paced_by_itself():
