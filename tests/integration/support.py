@@ -102,16 +102,19 @@ def cpu_bound(result: dict) -> list[str]:
     return out
 
 
-def valid_run(attempt: Callable[[int], dict], what: str, tries: int = VALID_TRIES) -> dict:
-    """``attempt(n)``'s result, run again (n = 1, 2, ...) while it was CPU-bound, at most
-    ``tries`` runs; each re-run printed and kept in ``RERUNS``. Fails with one line naming
-    the phases and their CPU numbers when no run was valid."""
+def valid_run(attempt: Callable[[int], dict], what: str, tries: int = VALID_TRIES,
+              broken: Callable[[dict], list[str]] = cpu_bound) -> dict:
+    """``attempt(n)``'s result, run again (n = 1, 2, ...) while the machine under it broke
+    the measurement (``broken``: by default, it was CPU-bound), at most ``tries`` runs;
+    each re-run printed and kept in ``RERUNS``. Fails with one line naming the phases and
+    their numbers when no run was valid."""
     for n in range(tries):
         result = attempt(n)
-        bound = cpu_bound(result)
+        bound = broken(result)
         if not bound:
             return result
-        line = f"{what}: run {n + 1} of {tries} CPU-bound: {'; '.join(bound)}"
+        label = "CPU-bound" if broken is cpu_bound else "broken by the machine"
+        line = f"{what}: run {n + 1} of {tries} {label}: {'; '.join(bound)}"
         RERUNS.append(line)
         print(f"RE-RUN {line}", file=sys.__stderr__, flush=True)
     pytest.fail(f"{what}: no valid run in {tries}: {'; '.join(bound)}", pytrace=False)
@@ -125,12 +128,14 @@ IDEAL_TOL = 0.25
 
 
 def run_to(out: Path, scenario: str, *args: str, timeout: float = 300,
-           need_valid: bool = True, tries: int = VALID_TRIES) -> dict:
+           need_valid: bool = True, tries: int = VALID_TRIES,
+           broken: Callable[[dict], list[str]] = cpu_bound) -> dict:
     """`fabriclab run SCENARIO ARGS --out OUT` and its result.json (a module's one run).
 
     ``need_valid``: the test reads numbers that mean something only on a valid run, so a
-    CPU-bound run is run again (``valid_run``, at most ``tries`` runs); each earlier attempt
-    is kept beside ``out`` (``OUT.cpu-bound-N``) to be looked at.
+    run the machine broke (``broken``: CPU-bound by default) is run again (``valid_run``,
+    at most ``tries`` runs); each earlier attempt is kept beside ``out``
+    (``OUT.cpu-bound-N``) to be looked at.
     """
     def attempt(n: int) -> dict:
         if n:
@@ -139,7 +144,7 @@ def run_to(out: Path, scenario: str, *args: str, timeout: float = 300,
         return result_of(out)
     if not need_valid:
         return attempt(0)
-    return valid_run(attempt, " ".join(["fabriclab run", scenario, *args]), tries)
+    return valid_run(attempt, " ".join(["fabriclab run", scenario, *args]), tries, broken)
 
 
 def run_scenario(tmp_path: Path, scenario: str, *args: str) -> dict:

@@ -22,6 +22,8 @@ from lab.machine import environment
 from lab.model.errors import MachineError, ScenarioError
 from tests.unit.test_cli_errors import assert_nothing_started, run_cli
 
+#: IPPROTO_MPTCP (Python's socket module names it only from 3.10 on some builds).
+IPPROTO_MPTCP = 262
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HAS_TORCH = bool(environment.collective_library()["torch"])
 
@@ -34,6 +36,12 @@ HAS_TORCH = bool(environment.collective_library()["torch"])
     ("allreduce-ecmp", ["phases.placed.job.library=gloo", "phases.placed.job.size_bytes=6"],
      "phases.placed.job.size_bytes"),
     ("incast-ecn", ["job.library=gloo"], "job.library"),
+    ("allreduce-ecmp", ["job.transport=mptcp", "phases.placed.job.transport=tcp"],
+     "job.transport"),                                         # the synthetic ring
+    ("allreduce-ecmp", ["library=gloo", "job.transport=mptcp"],  # placed: pins
+     "job.transport"),
+    ("allreduce-mptcp", ["phases.gloo-mptcp.job.subflows=4"], "phases.gloo-mptcp.job.subflows"),
+    ("allreduce-mptcp", ["phases.gloo-mptcp.job.subflows=9"], "phases.gloo-mptcp.job.subflows"),
 ])
 def test_bad_gloo_input_names_the_field(scenario, sets, field):
     with pytest.raises(ScenarioError) as err:
@@ -162,6 +170,24 @@ def test_a_rank_finds_its_own_connections_in_its_namespace():
             assert (cli.getsockname(), cli.getpeername()) in found
             assert (acc.getsockname(), acc.getpeername()) in found
             assert all(rem != ("0.0.0.0", 0) for _, rem in found)   # no listener
+        finally:
+            cli.close()
+            acc.close()
+
+
+def test_an_mptcp_connection_is_found_by_its_own_names_not_its_subflows():
+    """Under mptcpize gloo's sockets are MPTCP: the connection is found once, by the
+    socket's names (its first subflow's), which its joined subflows are found from."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, IPPROTO_MPTCP) as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        cli = socket.socket(socket.AF_INET, socket.SOCK_STREAM, IPPROTO_MPTCP)
+        cli.connect(srv.getsockname())
+        acc, _ = srv.accept()
+        try:
+            found = [(loc, rem) for _fd, loc, rem in own_tcp_sockets().values()]
+            assert found.count((cli.getsockname(), cli.getpeername())) == 1
+            assert found.count((acc.getsockname(), acc.getpeername())) == 1
         finally:
             cli.close()
             acc.close()

@@ -79,14 +79,19 @@ def connections_per_pair(conns: list[Conn], n: int) -> dict[str, Any]:
 def algorithm_seen(flows: list[dict[str, Any]], n: int, size_bytes: int,
                    steps_per_epoch: dict[int, int]) -> dict[str, Any]:
     """What the bytes say gloo ran: a ring sends 2(N-1)/N·S per step on each r -> r-1
-    connection and nothing but barrier tokens on the others."""
+    connection and nothing but barrier tokens on the others. A connection on MPTCP is its
+    subflows' bytes together."""
     ring = [f for f in flows if f["kind"] == "allreduce"]
     mesh = [f for f in flows if f["kind"] == MESH_KIND]
-    ratios = []
+    per_conn: dict[str, list[float]] = {}
     for f in ring:
-        want = 2 * (n - 1) / n * size_bytes * steps_per_epoch.get(int(f["epoch"]), 0)
+        conn = per_conn.setdefault(f.get("subflow_of") or f["id"], [0, f["epoch"]])
+        conn[0] += f["bytes"]
+    ratios = []
+    for sent, epoch in per_conn.values():
+        want = 2 * (n - 1) / n * size_bytes * steps_per_epoch.get(int(epoch), 0)
         if want:
-            ratios.append(f["bytes"] / want)
+            ratios.append(sent / want)
     mesh_bytes = sum(f["bytes"] + sum(f["reverse_hop_bytes"].values()) / max(
         len(f["reverse_hop_bytes"]), 1) for f in mesh)
     ring_bytes = sum(f["bytes"] for f in ring)

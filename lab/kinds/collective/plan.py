@@ -23,7 +23,7 @@ from typing import Any
 from controllers.marking import parse_marking
 from lab.agents.ddprank import BLOCKS, SPLIT_BYTES, WIDTH
 from lab.kinds.base import Plan
-from lab.kinds.collective import beside, roce
+from lab.kinds.collective import beside, mptcpjob, roce
 from lab.machine import environment
 from lab.measure import queuefeed
 from lab.model.errors import MachineError, ScenarioError
@@ -127,6 +127,7 @@ SCHEMA: dict[str, Param] = {
     "microburst.bursts": Param(int, 1, 100),
     "sample_hz": Param(float, 20, 100),
     **roce.SCHEMA,
+    **mptcpjob.SCHEMA,
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -136,7 +137,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
             "sizes": [], "steps": 20, "warmup": 1,
             "compute_s": 0.05, "jitter_s": 0.0, "buckets": 1, "straggler_rank": -1,
             "straggler_s": 0.0, "epoch_steps": 0, "cc": "cubic", "ecn": False,
-            "interface": "fabric", "transport": "tcp"},
+            "interface": "fabric", "transport": "tcp",
+            "subflows": mptcpjob.DEFAULT_SUBFLOWS},
     "placement": {"hosts": "packed", "paths": "hash", "receiver": ""},
     "storage": {"mode": "off", "hosts": [], "read_mbps": 1.0, "checkpoint_bytes": 2 << 20,
                 "every_s": 2.5, "first_at_s": 1.0, "link_mbps": 0.0,
@@ -228,6 +230,7 @@ def check_phase(name: str, pp: dict[str, Any], topo_desc: dict[str, Any],
     beside.check_elephants(pp, topo_desc, known, f)
     beside.check_other_job(pp, topo_desc, known, f)
     roce.check(pp, topo_desc, known, lossless, f)
+    mptcpjob.check(pp, f)
     if job["interface"] == "mgmt":
         if not topo_desc.get("mgmt"):
             raise ScenarioError(f("job.interface"), "this topology has no management network "

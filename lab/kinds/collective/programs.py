@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from controllers.marking import htb_class_args
 from lab import agents
 from lab.kinds.base import Plan
-from lab.kinds.collective import liveview
+from lab.kinds.collective import liveview, mptcpjob
 from lab.kinds.collective import plan as planning
 from lab.kinds.collective.gloo import GLOO_PORT
 from lab.kinds.collective.plan import Conn
@@ -226,7 +226,8 @@ class JobPrograms:
                     "--conns-out", str(work / f"rank{r}.conns.json"),
                     "--ready-file", str(work / f"rank{r}.ready"),
                     "--out", str(work / f"rank{r}.json")]
-            procs.append(self.spawn(h, argv, work / f"rank{r}.log", f"{prog} rank {r}", "ranks"))
+            procs.append(self.spawn(h, mptcpjob.wrap(pp, argv), work / f"rank{r}.log",
+                                    f"{prog} rank {r}", "ranks"))
         return (procs, [work / f"rank{r}.ready" for r in range(n)],
                 [work / f"rank{r}.conns.json" for r in range(n)])
 

@@ -43,6 +43,7 @@ class Drive:
     elephants: Any = None          # lab.workloads.traffic.FlowRunner of the phase's elephants
     leaves0: dict[str, Any] = field(default_factory=dict)   # the classes' counters before
     lossless: dict[str, Any] = field(default_factory=dict)  # PFC's and the classes' after
+    stalls: list[str] = field(default_factory=list)  # why a job on MPTCP hung, if it did
 
 
 def sum_delta(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
@@ -103,7 +104,7 @@ class JobReadout:
             ln["ecn_marking"] = ph.marking if ln["intf"] in self.marked else None
         judged = window.judge(*self.fidelity_window(outputs, d),
                               spare=gpuwait.spare_work(outputs, window.sampler.t0))
-        metrics = self.phase_metrics(pp, ph.hosts, outputs, flows, links, work)
+        metrics = self.phase_metrics(pp, ph.hosts, outputs, flows, links, work, d.stalls)
         metrics["retransmits"] = sum(f["retransmits"] for f in flows
                                      if f["kind"] in ("allreduce", "incast"))
         metrics["tcp"] = sum_delta(d.tcp0, d.tcp1)
@@ -121,7 +122,7 @@ class JobReadout:
             metrics["spare_work"] = judged["spare_work"]
         metrics.update(headroom.cpu_fields(judged))
         metrics["fidelity_valid"] = (headroom.cpu_verdict(judged) is None
-                                     and not any(o.get("error") for o in outputs)
+                                     and not metrics["errors"]    # the ranks', stalls
                                      and not (incast or {}).get("lost"))
         if incast is not None:
             metrics["incast"] = incast
@@ -175,7 +176,9 @@ class JobReadout:
                "pins": [{"flow": by_tuple.get((p["src"], p["sport"], p["dst"], p["dport"])),
                          "switch": p["switch"], "port": p["port"]} for p in ph.pinned],
                "placement": pp["placement"]["hosts"], "hosts": ph.hosts}
-        if ph.subconns:
+        if ph.subconns and pp["job"]["transport"] == "mptcp":
+            out["subflows"] = pp["job"]["subflows"]
+        elif ph.subconns:
             out["spray"] = {"ports": pp["roce"]["spray"], "receivers": pp["roce"]["placement"]}
         if pp["job"]["library"] == "gloo":
             out["gloo"] = self.gloo_summary(ph, outputs, flows)
@@ -183,8 +186,8 @@ class JobReadout:
 
     def roce_metrics(self, ph: Phase, outputs: list[dict[str, Any]],
                      links: list[dict[str, Any]]) -> dict[str, Any]:
-        """A ring on RoCE: what its receivers saw out of order; sprayed, how the first rank's
-        leaf split its QPs over the uplinks."""
+        """A ring on RoCE: what its receivers saw out of order; sprayed (or on MPTCP's
+        subflows), how the first rank's leaf split the job's 5-tuples over the uplinks."""
         out: dict[str, Any] = {}
         if ph.pp["job"]["transport"] == "roce":
             out["reordering"] = self.ring_reordering(outputs)
@@ -287,7 +290,9 @@ class JobReadout:
 
     def phase_metrics(self, pp: dict[str, Any], hosts: list[str],
                       outputs: list[dict[str, Any]], flows: list[dict[str, Any]],
-                      links: list[dict[str, Any]], work: Path) -> dict[str, Any]:
+                      links: list[dict[str, Any]], work: Path,
+                      stalls: list[str]) -> dict[str, Any]:
+        """The job's numbers; ``errors`` are the ranks' and why a hung job hung."""
         job = pp["job"]
         job_flows = [f for f in flows if f["kind"] in ("allreduce", "incast")]
         if job["pattern"] == "ring":
@@ -313,7 +318,7 @@ class JobReadout:
                                      "drops": ln["drops"], "ce_marked": ln.get("ce_marked", 0)}
                         for ln in links if ln["intf"] in qports}
         mt["drops"] = sum(ln["drops"] for ln in links)
-        mt["errors"] = [o["error"] for o in outputs if o.get("error")]
+        mt["errors"] = stalls + [o["error"] for o in outputs if o.get("error")]
         return mt
 
     @staticmethod

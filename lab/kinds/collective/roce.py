@@ -21,9 +21,9 @@ from lab.model import lossless
 from lab.model.errors import MachineError, ScenarioError
 from lab.model.scenario import Param
 
-#: What carries the ring's chunks: the kernel's TCP, or the lab's RoCEv2 transport in the
-#: lossless class.
-TRANSPORTS = ("tcp", "roce")
+#: What carries the ring's chunks: the kernel's TCP, the lab's RoCEv2 transport in the
+#: lossless class, or the kernel's MPTCP under gloo (``lab.kinds.collective.mptcpjob``).
+TRANSPORTS = ("tcp", "roce", "mptcp")
 
 SCHEMA: dict[str, Param] = {
     **lossless.SCHEMA,

@@ -13,6 +13,7 @@ read every counter once the queues have drained (``JobReadout``,
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import signal
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lab.kinds.base import Plan, Progress, bring_up
-from lab.kinds.collective import gloo, liveview, otherjob, roce
+from lab.kinds.collective import gloo, liveview, mptcpjob, otherjob, roce
 from lab.kinds.collective import metrics as jm
 from lab.kinds.collective import plan as planning
 from lab.kinds.collective.programs import JobPrograms, load, wait
@@ -213,8 +214,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout, RoceJob):
             deadline = time.monotonic() + estimate
             lanes = len(ph.hosts) if planning.step_parts_recorded(job) else 0
             with liveview.rank_lanes(work, lanes):
-                for p in workers:
-                    wait(p, max(1.0, deadline - time.monotonic()))
+                d.stalls = self.wait_job(ph, workers, deadline)
             d.t_job_end = time.monotonic() - sampler.t0
             if job["pattern"] == "incast" and pp["microburst"]["senders"]:
                 d.bursts = self.microbursts(pp, ph.hosts, ph.conns[0].spec.dst, work)
@@ -239,6 +239,19 @@ class JobRun(JobSetup, JobPrograms, JobReadout, RoceJob):
             sampler.stop()
         return d
 
+    def wait_job(self, ph: Phase, workers: list[subprocess.Popen], deadline: float
+                 ) -> list[str]:
+        """Each worker until the deadline, then whatever still runs killed. Returns why a
+        hung job hung where the lab can tell (an MPTCP stall), read while it still hangs."""
+        for p in workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        hung = any(p.poll() is None for p in workers)
+        stalls = mptcpjob.stalls(self.fabric, ph.pp, ph.hosts) if hung else []
+        for p in workers:
+            wait(p, 1.0)
+        return stalls
+
     def start_gloo_job(self, ph: Phase, procs: list[subprocess.Popen]
                        ) -> tuple[list[subprocess.Popen], list[Path], bool]:
         """The gloo ranks, before the window: torch's import and the rendezvous are set-up.
@@ -252,6 +265,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout, RoceJob):
         servers = bool(ph.lconns)
         if servers:
             procs += self.start_storage_servers(ph.pp, ph.work)
+        mptcpjob.configure(self.fabric, ph.pp, {h: self.ips[h] for h in ph.hosts})
         ranks, ready, reports = self.start_gloo(ph.pp, ph.hosts, ph.work, ph.lconns)
         procs += ranks
         self.gloo_connections(ph, ready, ranks, reports)
@@ -312,6 +326,7 @@ class JobRun(JobSetup, JobPrograms, JobReadout, RoceJob):
         return (f"[{name}] {len(ph.hosts)} workers on {', '.join(ph.hosts)}: "
                 f"{job['steps']} steps of {job['library']} {job['pattern']} {what}"
                 + (" on RoCE" if job["transport"] == "roce" else "")
+                + (f" on MPTCP x{job['subflows']}" if job["transport"] == "mptcp" else "")
                 + (f", {len(ph.iconns)}-sender RoCE incast beside it" if ph.iconns else "")
                 + (f", {len(ph.pinned)} paths placed" if ph.pinned else "")
                 + (f", ECN marking {ph.marking}" if ph.marking else ""))
@@ -332,7 +347,10 @@ class JobRun(JobSetup, JobPrograms, JobReadout, RoceJob):
             raise MachineError("job.library", "gloo's connections were not found after "
                                "rendezvous (rank reports: " + ", ".join(map(str, reports)) + ")")
         self.next_index += len(conns)
-        ph.conns = conns
+        subs = mptcpjob.subflow_conns(self.fabric, ph.pp, {h: self.ips[h] for h in ph.hosts},
+                                      conns, self.next_index)
+        self.next_index += len(subs)
+        ph.conns, ph.subconns = conns, ph.subconns + subs
         ph.pinned = self.set_paths(ph.pp, conns, ph.econns, ph.oconns)
-        self.request({"cmd": "watch", "flows": [e for c in conns
+        self.request({"cmd": "watch", "flows": [e for c in conns + subs
                                                 for e in c.spec.watch_entries(c.index)]})
