@@ -186,8 +186,8 @@ def wait_subflows(fabric: Any, flows: list[FlowSpec], timeout_s: float | None = 
     the machine's ready time): the run would otherwise measure fewer paths than it says.
 
     ``settle_s``: joins opened from both ends (:func:`mesh_announce`) are not all made:
-    the kernel drops some announcements it is busy for (``AddAddrDrop``; measured: 0-20 %
-    of the joins of gloo's 56 connections) and never opens those joins later.
+    the kernel drops some announcements it is busy for (``AddAddrDrop``; measured: 0-11 %
+    of the joins of gloo's 56 connections, 22 runs) and never opens those joins later.
     Then what is up once nothing has changed for ``settle_s`` is what the connections
     have, whatever their count: every subflow that exists is watched from before its
     first byte of the job.
