@@ -178,6 +178,12 @@ def joined(flow: FlowSpec, found: list[tuple[str, int, str, int, str]]) -> list[
             for k, (pport, lport) in enumerate(subs)]
 
 
+def host_sockets(fabric: Any, host: str) -> str:
+    """``host``'s established TCP sockets with their details (``ss -tniH``): what its MPTCP
+    subflows are read from."""
+    return str(fabric.host(host).cmd("ss -tniH state established"))
+
+
 def wait_subflows(fabric: Any, flows: list[FlowSpec], timeout_s: float | None = None,
                   poll_s: float = 0.05, settle_s: float | None = None) -> list[FlowSpec]:
     """Every MPTCP flow's joined subflows, once each has all of them up.
@@ -199,8 +205,7 @@ def wait_subflows(fabric: Any, flows: list[FlowSpec], timeout_s: float | None = 
     while True:
         found: dict[str, list[tuple[str, int, str, int, str]]] = {}
         for src in sorted({f.src for f in wanted}):
-            text = str(fabric.host(src).cmd("ss -tniH state established"))
-            found[src] = parse_subflows(text)
+            found[src] = parse_subflows(host_sockets(fabric, src))
         subs = {f.id: joined(f, found[f.src]) for f in wanted}
         if subs != last:
             last, since = subs, time.monotonic()

@@ -15,6 +15,7 @@ import pytest
 
 from controllers.policies import get
 from controllers.policies.base import FlowKey
+from lab.kinds.collective.mptcpjob import STALL
 from lab.model.result import validate
 from tests.integration.support import check_links_agree_with_flows, cpu_bound, phase, run_to
 
@@ -28,7 +29,7 @@ JOINS_MADE = 0.75
 def stalled(result: dict) -> list[str]:
     """The phases whose job the host kernel's MPTCP stalled, as the lab named them."""
     return [f"{name}: {e}" for name, m in result["metrics"]["phases"].items()
-            for e in m["errors"] if e.startswith("MPTCP receive stall")]
+            for e in m["errors"] if e.startswith(STALL)]
 
 
 @pytest.fixture(scope="module")

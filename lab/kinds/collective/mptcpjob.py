@@ -36,6 +36,8 @@ DEFAULT_SUBFLOWS = 5
 #: How long the connections' subflows must stay as they are to count as all there is:
 #: three times the announcements' resend time (``net.mptcp.add_addr_timeout``, 1 s here).
 SETTLE_S = 3.0
+#: How a phase's ``errors`` name a job the host kernel's MPTCP stalled (:func:`stalls`).
+STALL = "MPTCP receive stall"
 
 
 def uses(pp: dict[str, Any]) -> bool:
@@ -112,9 +114,8 @@ def stalls(fabric: Any, pp: dict[str, Any], hosts: list[str]) -> list[str]:
     """
     if not uses(pp):
         return []
-    return [f"MPTCP receive stall in {h}: subflow {pip}:{pport} -> {ip}:{port} holds {n} "
-            "bytes its connection did not take in (the host kernel's receive path, or a "
-            "rank that stopped reading)"
+    return [f"{STALL} in {h}: subflow {pip}:{pport} -> {ip}:{port} holds {n} bytes its "
+            "connection did not take in (the host kernel's receive path, or a rank that "
+            "stopped reading)"
             for h in hosts
-            for ip, port, pip, pport, n in mptcp.held_by_subflows(
-                str(fabric.host(h).cmd("ss -tniH state established")))]
+            for ip, port, pip, pport, n in mptcp.held_by_subflows(mptcp.host_sockets(fabric, h))]
